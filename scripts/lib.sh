@@ -1,0 +1,25 @@
+# Shared helpers for dpaa-vnic scripts. Sourced, never run.
+# shellcheck shell=bash
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Everything fetched or built for guests lives here (ignored by git).
+CACHE_DIR=${VNIC_CACHE:-$REPO_ROOT/.cache}
+# The trixie rootfs that carries QEMU >= 10.2 (needed for the device attachment).
+QEMU_ROOT=$CACHE_DIR/qemu-root
+GUEST_DIR=$CACHE_DIR/guest
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# wait_for TIMEOUT_S DESCRIPTION COMMAND...: poll COMMAND every 0.1 s until it succeeds.
+wait_for() {
+    local timeout=$1 what=$2; shift 2
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            log "timed out after ${timeout}s waiting for $what"
+            return 1
+        fi
+        sleep 0.1
+    done
+}

@@ -1,0 +1,215 @@
+//! The command line and the validated daemon configuration built from it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use thiserror::Error;
+
+use crate::wire::MacAddr;
+
+/// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
+/// 64-bit per-thread queue masks.
+pub const MAX_QUEUE_PAIRS: u16 = 31;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dpaa-vnic",
+    version,
+    about = "vhost-user virtio-net backend modelled on NXP DPAA (FMan)"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Query a running daemon over its control socket.
+    Ctl(CtlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The daemon's --control socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: PathBuf,
+    #[command(subcommand)]
+    pub what: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Per-port, per-queue counters and totals (JSON).
+    Stats,
+    /// Per-port rx mode and MAC tables (JSON).
+    Filter,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// vhost-user socket to serve; repeat for more guest ports (ports 0, 1, ... in order).
+    #[arg(long = "socket", value_name = "PATH")]
+    pub sockets: Vec<PathBuf>,
+    /// Host tap device to join to the switch (created if missing); it is the last port.
+    #[arg(long, value_name = "IFNAME")]
+    pub tap: Option<String>,
+    /// Queue pairs per port (one worker thread each).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub queues: u16,
+    /// MAC address served in config space, one per --socket in order (default 52:54:00:d0:aa:NN).
+    #[arg(long = "mac", value_name = "MAC")]
+    pub macs: Vec<MacAddr>,
+    /// MTU served in config space.
+    #[arg(long, default_value_t = 1500)]
+    pub mtu: u16,
+    /// Unix socket for `dpaa-vnic ctl`.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("at least one --socket is needed")]
+    NoSocket,
+    #[error("--queues {0} is out of range 1..={MAX_QUEUE_PAIRS}")]
+    Queues(u16),
+    #[error("{macs} --mac given for {sockets} --socket")]
+    TooManyMacs { macs: usize, sockets: usize },
+    #[error("--mac {0} is a multicast address")]
+    MulticastMac(MacAddr),
+    #[error("--mtu {0} is out of range 68..=65535")]
+    Mtu(u16),
+    #[error("--tap {0:?}: interface names are 1 to 15 bytes")]
+    TapName(String),
+    #[error("--socket {0} is given twice")]
+    DuplicateSocket(String),
+}
+
+/// A guest port's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPortConfig {
+    pub socket: PathBuf,
+    pub mac: MacAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub guests: Vec<GuestPortConfig>,
+    pub tap: Option<String>,
+    pub queue_pairs: u16,
+    pub mtu: u16,
+    pub control: Option<PathBuf>,
+}
+
+fn default_mac(i: usize) -> MacAddr {
+    MacAddr([0x52, 0x54, 0x00, 0xd0, 0xaa, (i as u8).wrapping_add(1)])
+}
+
+impl TryFrom<RunArgs> for Config {
+    type Error = ConfigError;
+
+    fn try_from(a: RunArgs) -> Result<Self, Self::Error> {
+        if a.sockets.is_empty() {
+            return Err(ConfigError::NoSocket);
+        }
+        if a.queues == 0 || a.queues > MAX_QUEUE_PAIRS {
+            return Err(ConfigError::Queues(a.queues));
+        }
+        if a.macs.len() > a.sockets.len() {
+            return Err(ConfigError::TooManyMacs {
+                macs: a.macs.len(),
+                sockets: a.sockets.len(),
+            });
+        }
+        if let Some(m) = a.macs.iter().find(|m| m.is_multicast()) {
+            return Err(ConfigError::MulticastMac(*m));
+        }
+        if a.mtu < 68 {
+            return Err(ConfigError::Mtu(a.mtu));
+        }
+        if let Some(t) = &a.tap {
+            if t.is_empty() || t.len() > 15 || t.contains(['/', ' ', '\0']) {
+                return Err(ConfigError::TapName(t.clone()));
+            }
+        }
+        for (i, s) in a.sockets.iter().enumerate() {
+            if a.sockets[..i].contains(s) {
+                return Err(ConfigError::DuplicateSocket(s.display().to_string()));
+            }
+        }
+        let guests = a
+            .sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, socket)| GuestPortConfig {
+                socket,
+                mac: a.macs.get(i).copied().unwrap_or_else(|| default_mac(i)),
+            })
+            .collect();
+        Ok(Config {
+            guests,
+            tap: a.tap,
+            queue_pairs: a.queues,
+            mtu: a.mtu,
+            control: a.control,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let cli = Cli::try_parse_from(std::iter::once("dpaa-vnic").chain(args.iter().copied())).unwrap();
+        Config::try_from(cli.run)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&["--socket", "/tmp/a.sock", "--socket", "/tmp/b.sock"]).unwrap();
+        assert_eq!(c.queue_pairs, 1);
+        assert_eq!(c.mtu, 1500);
+        assert_eq!(c.guests[1].mac.to_string(), "52:54:00:d0:aa:02");
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert_eq!(parse(&[]), Err(ConfigError::NoSocket));
+        assert_eq!(
+            parse(&["--socket", "a", "--queues", "0"]),
+            Err(ConfigError::Queues(0))
+        );
+        assert_eq!(
+            parse(&["--socket", "a", "--queues", "32"]),
+            Err(ConfigError::Queues(32))
+        );
+        assert!(matches!(
+            parse(&["--socket", "a", "--mac", "01:00:00:00:00:01"]),
+            Err(ConfigError::MulticastMac(_))
+        ));
+        assert!(matches!(
+            parse(&["--socket", "a", "--tap", "a-very-long-tap-name"]),
+            Err(ConfigError::TapName(_))
+        ));
+        assert!(matches!(
+            parse(&["--socket", "a", "--socket", "a"]),
+            Err(ConfigError::DuplicateSocket(_))
+        ));
+        assert!(matches!(
+            parse(&[
+                "--socket",
+                "a",
+                "--mac",
+                "02:00:00:00:00:01",
+                "--mac",
+                "02:00:00:00:00:02"
+            ]),
+            Err(ConfigError::TooManyMacs { .. })
+        ));
+        assert!(Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--mac", "zz"]).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! JSON views of the daemon's ports for `ctl stats` and `ctl filter`. Key names are stable.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::device::RxMode;
+use crate::ports::tap::TapPort;
+use crate::ports::vhost_user::GuestPort;
+use crate::stats::{QueueSnapshot, QueueStats};
+use crate::wire::MacAddr;
+
+/// A port as the control socket sees it.
+#[derive(Clone)]
+pub enum PortRef {
+    Guest(Arc<GuestPort>),
+    Tap(Arc<TapPort>),
+}
+
+#[derive(Serialize)]
+pub struct QueueView {
+    pub queue: usize,
+    #[serde(flatten)]
+    pub counters: QueueSnapshot,
+}
+
+#[derive(Serialize)]
+pub struct PortStats {
+    pub id: usize,
+    pub kind: &'static str,
+    pub name: String,
+    pub connected: bool,
+    pub attachment: Option<&'static str>,
+    pub queues: Vec<QueueView>,
+    pub totals: QueueSnapshot,
+    pub ctrl_commands: u64,
+    pub ctrl_errors: u64,
+}
+
+#[derive(Serialize)]
+pub struct StatsView {
+    pub ports: Vec<PortStats>,
+    pub totals: QueueSnapshot,
+    pub ctrl_commands: u64,
+}
+
+fn queues(stats: &[QueueStats]) -> (Vec<QueueView>, QueueSnapshot) {
+    let mut total = QueueSnapshot::default();
+    let v = stats
+        .iter()
+        .enumerate()
+        .map(|(queue, s)| {
+            let counters = s.snapshot();
+            total += counters;
+            QueueView { queue, counters }
+        })
+        .collect();
+    (v, total)
+}
+
+pub fn stats(ports: &[PortRef]) -> StatsView {
+    let mut view = StatsView {
+        ports: Vec::new(),
+        totals: QueueSnapshot::default(),
+        ctrl_commands: 0,
+    };
+    for p in ports {
+        let ps = match p {
+            PortRef::Guest(g) => {
+                let (queues, totals) = queues(&g.stats);
+                let c = g.ctrl_stats.snapshot();
+                PortStats {
+                    id: g.id,
+                    kind: "vhost-user",
+                    name: g.socket.display().to_string(),
+                    connected: g.connected(),
+                    attachment: g.attachment(),
+                    queues,
+                    totals,
+                    ctrl_commands: c.ctrl_commands,
+                    ctrl_errors: c.ctrl_errors,
+                }
+            }
+            PortRef::Tap(t) => {
+                let (queues, totals) = queues(&t.stats);
+                PortStats {
+                    id: t.id,
+                    kind: "tap",
+                    name: t.name.clone(),
+                    connected: true,
+                    attachment: None,
+                    queues,
+                    totals,
+                    ctrl_commands: 0,
+                    ctrl_errors: 0,
+                }
+            }
+        };
+        view.totals += ps.totals;
+        view.ctrl_commands += ps.ctrl_commands;
+        view.ports.push(ps);
+    }
+    view
+}
+
+#[derive(Serialize)]
+pub struct PortFilter {
+    pub id: usize,
+    pub name: String,
+    pub attachment: Option<&'static str>,
+    pub mac: MacAddr,
+    pub rx_mode: RxMode,
+    pub unicast: Vec<MacAddr>,
+    pub multicast: Vec<MacAddr>,
+    pub active_queue_pairs: u16,
+}
+
+#[derive(Serialize)]
+pub struct FilterView {
+    pub ports: Vec<PortFilter>,
+}
+
+pub fn filter(ports: &[PortRef]) -> FilterView {
+    let ports = ports
+        .iter()
+        .filter_map(|p| match p {
+            PortRef::Guest(g) => {
+                let c = g.ctrl.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                Some(PortFilter {
+                    id: g.id,
+                    name: g.socket.display().to_string(),
+                    attachment: g.attachment(),
+                    mac: c.rx.mac,
+                    rx_mode: c.rx.mode,
+                    unicast: c.rx.unicast,
+                    multicast: c.rx.multicast,
+                    active_queue_pairs: c.active_queue_pairs,
+                })
+            }
+            PortRef::Tap(_) => None,
+        })
+        .collect();
+    FilterView { ports }
+}

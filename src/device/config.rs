@@ -1,0 +1,63 @@
+//! The virtio-net config space served through VHOST_USER_GET_CONFIG.
+
+use virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP;
+
+use crate::wire::MacAddr;
+
+/// Bytes of config space we serve: mac, status, max_virtqueue_pairs, mtu.
+pub const CONFIG_LEN: usize = 12;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetConfig {
+    pub mac: MacAddr,
+    pub link_up: bool,
+    pub max_queue_pairs: u16,
+    pub mtu: u16,
+}
+
+impl NetConfig {
+    pub fn to_bytes(&self) -> [u8; CONFIG_LEN] {
+        let mut b = [0u8; CONFIG_LEN];
+        b[..6].copy_from_slice(&self.mac.0);
+        let status = if self.link_up {
+            VIRTIO_NET_S_LINK_UP as u16
+        } else {
+            0
+        };
+        b[6..8].copy_from_slice(&status.to_le_bytes());
+        b[8..10].copy_from_slice(&self.max_queue_pairs.to_le_bytes());
+        b[10..12].copy_from_slice(&self.mtu.to_le_bytes());
+        b
+    }
+
+    /// The `size` bytes at `offset`; a read past the end yields what exists (possibly
+    /// nothing), which the vhost handler reports to the frontend as a failed read.
+    pub fn read(&self, offset: u32, size: u32) -> Vec<u8> {
+        let bytes = self.to_bytes();
+        let start = (offset as usize).min(CONFIG_LEN);
+        let end = start.saturating_add(size as usize).min(CONFIG_LEN);
+        bytes[start..end].to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn golden_layout() {
+        let c = NetConfig {
+            mac: "52:54:00:12:34:56".parse().unwrap(),
+            link_up: true,
+            max_queue_pairs: 2,
+            mtu: 1500,
+        };
+        assert_eq!(
+            c.to_bytes(),
+            [0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x01, 0x00, 0x02, 0x00, 0xdc, 0x05]
+        );
+        assert_eq!(c.read(6, 2), vec![1, 0]);
+        assert_eq!(c.read(10, 8), vec![0xdc, 0x05]);
+        assert!(c.read(40, 4).is_empty());
+    }
+}

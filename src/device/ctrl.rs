@@ -1,0 +1,295 @@
+//! Control-queue commands (virtio 1.2, 5.1.6.5): parse the driver's bytes, apply them to
+//! the device state, and say which ack to write.
+
+use thiserror::Error;
+use virtio_bindings::virtio_net::*;
+
+use super::features::Negotiated;
+use super::rx_state::RxState;
+use crate::wire::MacAddr;
+
+/// Ack byte values.
+pub const ACK_OK: u8 = VIRTIO_NET_OK as u8;
+pub const ACK_ERR: u8 = VIRTIO_NET_ERR as u8;
+
+/// Guest offload bits that CTRL_GUEST_OFFLOADS may toggle (virtio 1.2, 5.1.6.5.6.1).
+const GUEST_OFFLOAD_MASK: u64 = (1 << VIRTIO_NET_F_GUEST_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_TSO4)
+    | (1 << VIRTIO_NET_F_GUEST_TSO6)
+    | (1 << VIRTIO_NET_F_GUEST_ECN)
+    | (1 << VIRTIO_NET_F_GUEST_UFO)
+    | (1 << VIRTIO_NET_F_GUEST_USO4)
+    | (1 << VIRTIO_NET_F_GUEST_USO6);
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum CtrlError {
+    #[error("command of {0} bytes has no class and command")]
+    Truncated(usize),
+    #[error("class {class} command {cmd}: payload of {got} bytes, expected {want}")]
+    BadLength {
+        class: u8,
+        cmd: u8,
+        got: usize,
+        want: usize,
+    },
+    #[error("MAC table: {0}")]
+    BadTable(&'static str),
+    #[error("class {class} command {cmd} needs a feature the driver did not negotiate")]
+    NotNegotiated { class: u8, cmd: u8 },
+    #[error("unknown class {class} command {cmd}")]
+    Unknown { class: u8, cmd: u8 },
+    #[error("rx mode value {0} is neither 0 nor 1")]
+    BadFlag(u8),
+    #[error("{0} queue pairs requested, device has 1..={1}")]
+    BadQueuePairs(u16, u16),
+    #[error("guest offloads {0:#x} outside the negotiated set")]
+    BadOffloads(u64),
+}
+
+/// What an accepted command changed, for statistics and for the filter sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CtrlOutcome {
+    RxMode,
+    MacTable,
+    MacAddr,
+    QueuePairs(u16),
+    GuestOffloads(u64),
+}
+
+/// Device-side state the control queue can change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlState {
+    pub rx: RxState,
+    pub max_queue_pairs: u16,
+    pub active_queue_pairs: u16,
+    pub guest_offloads: u64,
+}
+
+impl CtrlState {
+    pub fn new(mac: MacAddr, max_queue_pairs: u16) -> Self {
+        CtrlState {
+            rx: RxState::new(mac),
+            max_queue_pairs,
+            active_queue_pairs: 1,
+            guest_offloads: 0,
+        }
+    }
+
+    /// Parses and applies one command (`class, command, data...`, ack excluded). The state is
+    /// unchanged when an error is returned; the caller acks VIRTIO_NET_ERR.
+    pub fn apply(&mut self, feat: &Negotiated, cmd: &[u8]) -> Result<CtrlOutcome, CtrlError> {
+        let (class, command, data) = match cmd {
+            [class, command, data @ ..] => (*class, *command, data),
+            _ => return Err(CtrlError::Truncated(cmd.len())),
+        };
+        let need = |ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(CtrlError::NotNegotiated { class, cmd: command })
+            }
+        };
+        let exact = |want: usize| {
+            if data.len() == want {
+                Ok(())
+            } else {
+                Err(CtrlError::BadLength {
+                    class,
+                    cmd: command,
+                    got: data.len(),
+                    want,
+                })
+            }
+        };
+        match (u32::from(class), u32::from(command)) {
+            (VIRTIO_NET_CTRL_RX, c) if c <= VIRTIO_NET_CTRL_RX_NOBCAST => {
+                need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
+                if c > VIRTIO_NET_CTRL_RX_ALLMULTI {
+                    need(feat.rx_extra())?;
+                }
+                exact(1)?;
+                let on = match data[0] {
+                    0 => false,
+                    1 => true,
+                    v => return Err(CtrlError::BadFlag(v)),
+                };
+                let m = &mut self.rx.mode;
+                let flag = match c {
+                    VIRTIO_NET_CTRL_RX_PROMISC => &mut m.promisc,
+                    VIRTIO_NET_CTRL_RX_ALLMULTI => &mut m.allmulti,
+                    VIRTIO_NET_CTRL_RX_ALLUNI => &mut m.alluni,
+                    VIRTIO_NET_CTRL_RX_NOMULTI => &mut m.nomulti,
+                    VIRTIO_NET_CTRL_RX_NOUNI => &mut m.nouni,
+                    _ => &mut m.nobcast,
+                };
+                *flag = on;
+                Ok(CtrlOutcome::RxMode)
+            }
+            (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
+                need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
+                let (unicast, rest) = parse_table(data)?;
+                let (multicast, rest) = parse_table(rest)?;
+                if !rest.is_empty() {
+                    return Err(CtrlError::BadTable("trailing bytes after the multicast table"));
+                }
+                self.rx.unicast = unicast;
+                self.rx.multicast = multicast;
+                Ok(CtrlOutcome::MacTable)
+            }
+            (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
+                need(feat.has(VIRTIO_NET_F_CTRL_MAC_ADDR))?;
+                exact(6)?;
+                self.rx.mac = MacAddr::from_slice(data).ok_or(CtrlError::Truncated(data.len()))?;
+                Ok(CtrlOutcome::MacAddr)
+            }
+            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => {
+                need(feat.mq())?;
+                exact(2)?;
+                let n = u16::from_le_bytes([data[0], data[1]]);
+                if n == 0 || n > self.max_queue_pairs {
+                    return Err(CtrlError::BadQueuePairs(n, self.max_queue_pairs));
+                }
+                self.active_queue_pairs = n;
+                Ok(CtrlOutcome::QueuePairs(n))
+            }
+            (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => {
+                need(feat.has(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS))?;
+                exact(8)?;
+                let mut le = [0u8; 8];
+                le.copy_from_slice(data);
+                let offloads = u64::from_le_bytes(le);
+                if offloads & !(feat.bits & GUEST_OFFLOAD_MASK) != 0 {
+                    return Err(CtrlError::BadOffloads(offloads));
+                }
+                self.guest_offloads = offloads;
+                Ok(CtrlOutcome::GuestOffloads(offloads))
+            }
+            _ => Err(CtrlError::Unknown { class, cmd: command }),
+        }
+    }
+}
+
+/// One `le32 entries; u8 macs[entries][6]` table; returns it and the bytes after it.
+fn parse_table(b: &[u8]) -> Result<(Vec<MacAddr>, &[u8]), CtrlError> {
+    let (count, rest) = b
+        .split_first_chunk::<4>()
+        .ok_or(CtrlError::BadTable("truncated entry count"))?;
+    let n = u32::from_le_bytes(*count) as usize;
+    // Check against the buffer before allocating: the count is guest-controlled.
+    let bytes = n
+        .checked_mul(6)
+        .filter(|b| *b <= rest.len())
+        .ok_or(CtrlError::BadTable("entry count overruns the buffer"))?;
+    let (entries, rest) = rest.split_at(bytes);
+    let table = entries.chunks_exact(6).filter_map(MacAddr::from_slice).collect();
+    Ok((table, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_features() -> Negotiated {
+        Negotiated {
+            bits: crate::device::features::offered(4) | (1 << VIRTIO_NET_F_GUEST_CSUM),
+        }
+    }
+
+    fn state() -> CtrlState {
+        CtrlState::new("52:54:00:00:00:01".parse().unwrap(), 4)
+    }
+
+    fn table_cmd(uni: &[[u8; 6]], multi: &[[u8; 6]]) -> Vec<u8> {
+        let mut v = vec![VIRTIO_NET_CTRL_MAC as u8, VIRTIO_NET_CTRL_MAC_TABLE_SET as u8];
+        for t in [uni, multi] {
+            v.extend_from_slice(&(t.len() as u32).to_le_bytes());
+            for m in t {
+                v.extend_from_slice(m);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn rx_mode_commands() {
+        let mut s = state();
+        let f = all_features();
+        assert_eq!(s.apply(&f, &[0, 0, 0]), Ok(CtrlOutcome::RxMode));
+        assert!(!s.rx.mode.promisc);
+        s.apply(&f, &[0, 1, 1]).unwrap();
+        assert!(s.rx.mode.allmulti);
+        s.apply(&f, &[0, 5, 1]).unwrap();
+        assert!(s.rx.mode.nobcast);
+        assert_eq!(s.apply(&f, &[0, 0, 2]), Err(CtrlError::BadFlag(2)));
+        assert!(matches!(s.apply(&f, &[0, 0]), Err(CtrlError::BadLength { .. })));
+        assert!(matches!(s.apply(&f, &[0, 6, 1]), Err(CtrlError::Unknown { .. })));
+        let no_extra = Negotiated {
+            bits: 1 << VIRTIO_NET_F_CTRL_RX,
+        };
+        assert!(matches!(
+            s.apply(&no_extra, &[0, 3, 1]),
+            Err(CtrlError::NotNegotiated { .. })
+        ));
+    }
+
+    #[test]
+    fn mac_table_set_replaces_both_tables() {
+        let mut s = state();
+        let f = all_features();
+        let m1 = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
+        let m2 = [0x33, 0x33, 0x00, 0x00, 0x00, 0x01];
+        let u1 = [0x02, 0, 0, 0, 0, 9];
+        s.apply(&f, &table_cmd(&[u1], &[m1, m2])).unwrap();
+        assert_eq!(s.rx.unicast, vec![MacAddr(u1)]);
+        assert_eq!(s.rx.multicast, vec![MacAddr(m1), MacAddr(m2)]);
+        s.apply(&f, &table_cmd(&[], &[])).unwrap();
+        assert!(s.rx.unicast.is_empty() && s.rx.multicast.is_empty());
+    }
+
+    #[test]
+    fn bad_tables_leave_state_unchanged() {
+        let f = all_features();
+        let mut s = state();
+        s.apply(&f, &table_cmd(&[], &[[1, 0, 0x5e, 0, 0, 1]])).unwrap();
+        let before = s.clone();
+        let mut lying = table_cmd(&[], &[[1, 0, 0x5e, 0, 0, 2]]);
+        lying[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+        for bad in [
+            vec![1u8, 0],
+            vec![1, 0, 1, 0],
+            lying,
+            {
+                let mut t = table_cmd(&[], &[]);
+                t.push(0);
+                t
+            },
+            {
+                let mut t = table_cmd(&[[2, 0, 0, 0, 0, 1]], &[]);
+                t.truncate(t.len() - 5);
+                t
+            },
+        ] {
+            assert!(s.apply(&f, &bad).is_err(), "{bad:?} accepted");
+            assert_eq!(s, before);
+        }
+    }
+
+    #[test]
+    fn mac_addr_queue_pairs_and_offloads() {
+        let f = all_features();
+        let mut s = state();
+        s.apply(&f, &[1, 1, 2, 0, 0, 0, 0, 7]).unwrap();
+        assert_eq!(s.rx.mac.to_string(), "02:00:00:00:00:07");
+        assert_eq!(s.apply(&f, &[4, 0, 3, 0]), Ok(CtrlOutcome::QueuePairs(3)));
+        assert_eq!(s.apply(&f, &[4, 0, 5, 0]), Err(CtrlError::BadQueuePairs(5, 4)));
+        assert_eq!(s.apply(&f, &[4, 0, 0, 0]), Err(CtrlError::BadQueuePairs(0, 4)));
+        let csum = 1u64 << VIRTIO_NET_F_GUEST_CSUM;
+        let mut cmd = vec![5, 0];
+        cmd.extend_from_slice(&csum.to_le_bytes());
+        assert_eq!(s.apply(&f, &cmd), Ok(CtrlOutcome::GuestOffloads(csum)));
+        let mut cmd = vec![5, 0];
+        cmd.extend_from_slice(&(1u64 << VIRTIO_NET_F_GUEST_TSO4).to_le_bytes());
+        assert!(matches!(s.apply(&f, &cmd), Err(CtrlError::BadOffloads(_))));
+        assert_eq!(s.apply(&f, &[]), Err(CtrlError::Truncated(0)));
+    }
+}

@@ -1,0 +1,136 @@
+//! Feature bits dpaa-vnic offers and what follows from the ones a driver acks.
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::*;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+
+use crate::wire::virtio_net_hdr::{HDR_LEN, HDR_LEN_LEGACY};
+
+/// vhost-user's own feature bit (bit 30), offered so the frontend negotiates protocol features.
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+
+const fn bit(b: u32) -> u64 {
+    1u64 << b
+}
+
+/// Everything the device offers. In the net attachment QEMU intersects this with its own list
+/// and keeps the control-queue bits for itself; in the device attachment the guest sees it all.
+pub fn offered(queue_pairs: u16) -> u64 {
+    let mut f = bit(VIRTIO_F_VERSION_1)
+        | bit(VIRTIO_RING_F_EVENT_IDX)
+        | bit(VIRTIO_RING_F_INDIRECT_DESC)
+        | bit(VIRTIO_NET_F_CSUM)
+        | bit(VIRTIO_NET_F_GUEST_CSUM)
+        | bit(VIRTIO_NET_F_MRG_RXBUF)
+        | bit(VIRTIO_NET_F_MAC)
+        | bit(VIRTIO_NET_F_MTU)
+        | bit(VIRTIO_NET_F_STATUS)
+        | bit(VIRTIO_NET_F_CTRL_VQ)
+        | bit(VIRTIO_NET_F_CTRL_RX)
+        | bit(VIRTIO_NET_F_CTRL_RX_EXTRA)
+        | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
+        | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)
+        | VHOST_USER_F_PROTOCOL_FEATURES;
+    if queue_pairs > 1 {
+        f |= bit(VIRTIO_NET_F_MQ);
+    }
+    f
+}
+
+/// What the data path needs to know about an acked feature set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Negotiated {
+    pub bits: u64,
+}
+
+impl Negotiated {
+    pub fn has(&self, b: u32) -> bool {
+        self.bits & bit(b) != 0
+    }
+
+    /// The virtio-net header length on every buffer.
+    pub fn hdr_len(&self) -> usize {
+        if self.has(VIRTIO_F_VERSION_1) || self.has(VIRTIO_NET_F_MRG_RXBUF) {
+            HDR_LEN
+        } else {
+            HDR_LEN_LEGACY
+        }
+    }
+
+    pub fn mrg_rxbuf(&self) -> bool {
+        self.has(VIRTIO_NET_F_MRG_RXBUF)
+    }
+
+    pub fn guest_csum(&self) -> bool {
+        self.has(VIRTIO_NET_F_GUEST_CSUM)
+    }
+
+    /// A driver that acked CTRL_VQ talks to us through a control queue: only the device
+    /// attachment passes that bit through.
+    pub fn ctrl_vq(&self) -> bool {
+        self.has(VIRTIO_NET_F_CTRL_VQ)
+    }
+
+    pub fn mq(&self) -> bool {
+        self.has(VIRTIO_NET_F_MQ)
+    }
+
+    pub fn rx_extra(&self) -> bool {
+        self.has(VIRTIO_NET_F_CTRL_RX_EXTRA)
+    }
+
+    /// Index of the control queue: 2N with MQ (N = max pairs), else 2 (virtio 1.2, 5.1.2).
+    pub fn ctrl_queue_index(&self, max_pairs: u16) -> usize {
+        if self.mq() {
+            2 * usize::from(max_pairs)
+        } else {
+            2
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_length_follows_features() {
+        assert_eq!(Negotiated { bits: 0 }.hdr_len(), 10);
+        assert_eq!(
+            Negotiated {
+                bits: bit(VIRTIO_F_VERSION_1)
+            }
+            .hdr_len(),
+            12
+        );
+        assert_eq!(
+            Negotiated {
+                bits: bit(VIRTIO_NET_F_MRG_RXBUF)
+            }
+            .hdr_len(),
+            12
+        );
+    }
+
+    #[test]
+    fn mq_only_offered_with_several_pairs() {
+        assert_eq!(offered(1) & bit(VIRTIO_NET_F_MQ), 0);
+        assert_ne!(offered(2) & bit(VIRTIO_NET_F_MQ), 0);
+        assert_ne!(offered(1) & VHOST_USER_F_PROTOCOL_FEATURES, 0);
+    }
+
+    #[test]
+    fn ctrl_queue_index() {
+        let n = Negotiated {
+            bits: bit(VIRTIO_NET_F_MQ) | bit(VIRTIO_NET_F_CTRL_VQ),
+        };
+        assert_eq!(n.ctrl_queue_index(4), 8);
+        assert_eq!(
+            Negotiated {
+                bits: bit(VIRTIO_NET_F_CTRL_VQ)
+            }
+            .ctrl_queue_index(4),
+            2
+        );
+    }
+}

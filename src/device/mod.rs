@@ -1,0 +1,12 @@
+//! The virtio-net device model: feature bits, config space, control-queue commands and the
+//! receive state they produce. No vrings, no file descriptors: everything here is driven by
+//! byte buffers and is tested on its own.
+
+pub mod config;
+pub mod ctrl;
+pub mod features;
+pub mod rx_state;
+
+pub use config::NetConfig;
+pub use ctrl::{CtrlError, CtrlOutcome};
+pub use rx_state::{RxMode, RxState};

@@ -1,0 +1,16 @@
+//! dpaa-vnic: a vhost-user virtio-net backend modelled on NXP DPAA (FMan).
+//!
+//! Layers, lowest first; each may use only the ones above it in this list:
+//! - [`wire`]: packet views and checksums (no I/O);
+//! - [`device`]: the virtio-net device model (features, config, control commands);
+//! - [`pipeline`]: per-packet work (the learning switch);
+//! - [`ports`]: I/O (vhost-user queues, tap); the only layer that touches fds and vrings;
+//! - [`control`] and [`config`]: control socket, statistics and the command line.
+
+pub mod config;
+pub mod control;
+pub mod device;
+pub mod pipeline;
+pub mod ports;
+pub mod stats;
+pub mod wire;

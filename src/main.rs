@@ -1,0 +1,152 @@
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::thread;
+
+use clap::Parser;
+use log::{error, info};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use dpaa_vnic::config::{Cli, Command, Config, CtlCommand};
+use dpaa_vnic::control::client;
+use dpaa_vnic::control::view::PortRef;
+use dpaa_vnic::control::ControlServer;
+use dpaa_vnic::device::NetConfig;
+use dpaa_vnic::pipeline::Switch;
+use dpaa_vnic::ports::tap::TapPort;
+use dpaa_vnic::ports::vhost_user::{error_chain, GuestPort};
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Ctl(c)) => {
+            let cmd = match c.what {
+                CtlCommand::Stats => "stats",
+                CtlCommand::Filter => "filter",
+            };
+            match client::request(&c.control, cmd) {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("dpaa-vnic ctl: {}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        None => match Config::try_from(cli.run) {
+            Ok(cfg) => run(cfg),
+            Err(e) => {
+                eprintln!("dpaa-vnic: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn run(cfg: Config) -> ExitCode {
+    // Only what this process bound is removed on exit, never another daemon's live socket.
+    let mut owned: Vec<std::path::PathBuf> = Vec::new();
+    let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
+    let switch = Arc::new(Switch::new(nports));
+    let mut ports = Vec::new();
+    let mut listeners = Vec::new();
+    for (id, g) in cfg.guests.iter().enumerate() {
+        let net = NetConfig {
+            mac: g.mac,
+            link_up: true,
+            max_queue_pairs: cfg.queue_pairs,
+            mtu: cfg.mtu,
+        };
+        let port = Arc::new(GuestPort::new(
+            id,
+            g.socket.clone(),
+            cfg.queue_pairs,
+            net,
+            switch.clone(),
+        ));
+        match port.bind() {
+            Ok(l) => {
+                owned.push(g.socket.clone());
+                listeners.push(l);
+            }
+            Err(e) => {
+                error!("{}", error_chain(&e));
+                cleanup(&owned);
+                return ExitCode::FAILURE;
+            }
+        }
+        switch.attach(id, port.clone());
+        ports.push(PortRef::Guest(port));
+    }
+    if let Some(name) = &cfg.tap {
+        let id = cfg.guests.len();
+        let tap = match TapPort::open(id, name, usize::from(cfg.queue_pairs), switch.clone()) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                error!("{}", error_chain(&e));
+                cleanup(&owned);
+                return ExitCode::FAILURE;
+            }
+        };
+        switch.attach(id, tap.clone());
+        if let Err(e) = tap.start() {
+            error!("{}", error_chain(&e));
+            cleanup(&owned);
+            return ExitCode::FAILURE;
+        }
+        ports.push(PortRef::Tap(tap));
+    }
+    if let Some(path) = &cfg.control {
+        if let Err(e) = ControlServer::new(ports.clone()).start(path) {
+            error!("{}", error_chain(&e));
+            cleanup(&owned);
+            return ExitCode::FAILURE;
+        }
+        owned.push(path.clone());
+    }
+    for (p, l) in ports.iter().zip(listeners) {
+        if let PortRef::Guest(g) = p {
+            let g = g.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("vnic-port{}", g.id))
+                .spawn(move || g.serve(l));
+            if let Err(e) = spawned {
+                error!("spawning port thread: {e}");
+                cleanup(&owned);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    info!(
+        "dpaa-vnic serving {} guest port(s){} with {} queue pair(s)",
+        cfg.guests.len(),
+        cfg.tap
+            .as_deref()
+            .map(|t| format!(" and tap {t}"))
+            .unwrap_or_default(),
+        cfg.queue_pairs
+    );
+    let mut signals = match Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("installing signal handlers: {e}");
+            cleanup(&owned);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(sig) = signals.forever().next() {
+        info!("signal {sig}: shutting down");
+    }
+    cleanup(&owned);
+    ExitCode::SUCCESS
+}
+
+/// Removes the sockets this daemon created. Workers die with the process.
+fn cleanup(owned: &[std::path::PathBuf]) {
+    for p in owned {
+        let _ = std::fs::remove_file(p);
+    }
+}

@@ -1,0 +1,211 @@
+//! A host tap device as a switch port (IFF_VNET_HDR, one fd per queue with IFF_MULTI_QUEUE).
+
+use std::ffi::CStr;
+use std::fs::{File, OpenOptions};
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::thread;
+
+use log::{debug, info, trace, warn};
+use thiserror::Error;
+
+use super::WarnLimiter;
+use crate::pipeline::{Egress, Packet, Switch};
+use crate::stats::QueueStats;
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN};
+
+// From <linux/if_tun.h>: _IOW('T', n, int).
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+
+const RX_BUF: usize = HDR_LEN + 65_550;
+
+#[derive(Debug, Error)]
+pub enum TapError {
+    #[error("tap name {0:?} must be 1 to 15 bytes without NUL")]
+    BadName(String),
+    #[error("opening /dev/net/tun")]
+    Open(#[source] io::Error),
+    #[error("ioctl {what} on tap {name}")]
+    Ioctl {
+        what: &'static str,
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("spawning tap reader")]
+    Spawn(#[source] io::Error),
+}
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+pub struct TapPort {
+    pub id: usize,
+    pub name: String,
+    queues: Vec<File>,
+    pub stats: Vec<QueueStats>,
+    switch: Arc<Switch>,
+    warn: WarnLimiter,
+}
+
+fn ioctl(
+    f: &File,
+    name: &str,
+    what: &'static str,
+    req: libc::c_ulong,
+    arg: *const libc::c_void,
+) -> Result<(), TapError> {
+    // SAFETY: `f` is an open tun fd and `arg` points to a live value of the type `req` expects
+    // (each caller passes an IfReq or a c_int/c_uint that outlives the call).
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), req, arg) };
+    if r < 0 {
+        return Err(TapError::Ioctl {
+            what,
+            name: name.to_string(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+impl TapPort {
+    /// Opens (creating if needed) tap `name` with `queues` queues in the current network
+    /// namespace.
+    pub fn open(id: usize, name: &str, queues: usize, switch: Arc<Switch>) -> Result<TapPort, TapError> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+            return Err(TapError::BadName(name.to_string()));
+        }
+        let mut files = Vec::with_capacity(queues);
+        for _ in 0..queues {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open("/dev/net/tun")
+                .map_err(TapError::Open)?;
+            let mut req = IfReq {
+                name: [0; libc::IFNAMSIZ],
+                flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+                _pad: [0; 22],
+            };
+            if queues > 1 {
+                req.flags |= IFF_MULTI_QUEUE;
+            }
+            req.name[..name.len()].copy_from_slice(name.as_bytes());
+            ioctl(&f, name, "TUNSETIFF", TUNSETIFF, (&req as *const IfReq).cast())?;
+            let hdr_len: libc::c_int = HDR_LEN as libc::c_int;
+            ioctl(
+                &f,
+                name,
+                "TUNSETVNETHDRSZ",
+                TUNSETVNETHDRSZ,
+                (&hdr_len as *const libc::c_int).cast(),
+            )?;
+            // No receive offloads: the kernel hands us complete frames, which every guest can
+            // take whatever it negotiated.
+            ioctl(&f, name, "TUNSETOFFLOAD", TUNSETOFFLOAD, std::ptr::null())?;
+            let actual = CStr::from_bytes_until_nul(&req.name)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            debug!("tap {actual}: queue fd {} open", f.as_raw_fd());
+            files.push(f);
+        }
+        info!("port {id}: tap {name} with {queues} queue(s)");
+        Ok(TapPort {
+            id,
+            name: name.to_string(),
+            queues: files,
+            stats: (0..queues).map(|_| QueueStats::default()).collect(),
+            switch,
+            warn: WarnLimiter::default(),
+        })
+    }
+
+    /// Starts one reader thread per queue: frames the host sends into the tap enter the switch.
+    pub fn start(self: &Arc<Self>) -> Result<(), TapError> {
+        for q in 0..self.queues.len() {
+            let me = self.clone();
+            thread::Builder::new()
+                .name(format!("vnic-tap{}-q{q}", self.id))
+                .spawn(move || me.read_loop(q))
+                .map_err(TapError::Spawn)?;
+        }
+        Ok(())
+    }
+
+    fn read_loop(&self, q: usize) {
+        let mut buf = vec![0u8; RX_BUF];
+        let stats = &self.stats[q];
+        let mut f = &self.queues[q];
+        loop {
+            let n = match f.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    warn!("tap {}: read on queue {q} failed, reader stops: {e}", self.name);
+                    return;
+                }
+            };
+            let hdr = match VirtioNetHdr::parse(&buf[..n], HDR_LEN) {
+                Ok(h) => h,
+                Err(e) => {
+                    stats.rx_errors.inc();
+                    debug!("tap {}: {e}", self.name);
+                    continue;
+                }
+            };
+            stats.rx_packets.inc();
+            stats.rx_bytes.add((n - HDR_LEN) as u64);
+            trace!("tap {}: {} bytes from host on queue {q}", self.name, n - HDR_LEN);
+            let mut pkt = Packet {
+                hdr,
+                frame: &mut buf[HDR_LEN..n],
+            };
+            self.switch.forward(self.id, q, &mut pkt);
+        }
+    }
+}
+
+impl Egress for TapPort {
+    fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
+        let q = flow % self.queues.len();
+        let stats = &self.stats[q];
+        let mut h = pkt.hdr;
+        h.num_buffers = 0;
+        let hdr = h.to_bytes();
+        let mut f = &self.queues[q];
+        // A tap takes one frame per write: it is accepted whole or refused.
+        let want = hdr.len() + pkt.frame.len();
+        match f.write_vectored(&[IoSlice::new(&hdr), IoSlice::new(pkt.frame)]) {
+            Ok(n) if n == want => {
+                stats.tx_packets.inc();
+                stats.tx_bytes.add(pkt.frame.len() as u64);
+            }
+            Ok(n) => {
+                stats.tx_dropped.inc();
+                if self.warn.allow() {
+                    warn!("tap {}: short write of {n} of {want} bytes", self.name);
+                }
+            }
+            Err(e) => {
+                // EIO while the interface is down, EINVAL for a header the kernel rejects.
+                stats.tx_dropped.inc();
+                if self.warn.allow() {
+                    warn!("tap {}: write failed: {e}", self.name);
+                }
+            }
+        }
+    }
+}

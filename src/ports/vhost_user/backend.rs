@@ -1,0 +1,335 @@
+//! The `VhostUserBackend` of one connection: queue-to-thread layout, feature negotiation,
+//! config space, and the per-queue TX and control work.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use log::{debug, trace, warn};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::queue::{pop_ctrl, pop_tx};
+use super::{error_chain, GuestPort, Mem, Vring};
+use crate::device::ctrl::{ACK_ERR, ACK_OK};
+use crate::device::features::{self, Negotiated};
+use crate::pipeline::Packet;
+use crate::wire::VirtioNetHdr;
+
+/// Largest frame (header included) a guest may transmit: 64 KiB of IP plus L2 headers.
+const TX_BUF: usize = 65_562;
+/// Largest control command we read: 64 Ki multicast entries fit with room to spare.
+const CTRL_MAX: usize = 1 << 20;
+const QUEUE_SIZE: usize = 1024;
+
+struct Session {
+    port: Arc<GuestPort>,
+    mem: Mem,
+    acked: AtomicU64,
+    /// One eventfd per worker thread, fired once at start so each thread reports its vrings.
+    attach: Vec<EventFd>,
+    captured: Mutex<Vec<Option<Vring>>>,
+    /// Per worker thread: only that thread locks its own buffer.
+    scratch: Vec<Mutex<Vec<u8>>>,
+}
+
+#[derive(Clone)]
+pub(super) struct VnicBackend(Arc<Session>);
+
+/// What a queue index means for the negotiated features.
+enum Role {
+    Rx,
+    Tx(usize),
+    Ctrl,
+}
+
+impl VnicBackend {
+    pub fn new(port: Arc<GuestPort>, mem: GuestMemoryAtomic<vm_memory::GuestMemoryMmap>) -> io::Result<Self> {
+        let threads = usize::from(port.queue_pairs) + 1;
+        let attach = (0..threads)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        let scratch = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+        let pairs = usize::from(port.queue_pairs);
+        Ok(VnicBackend(Arc::new(Session {
+            port,
+            mem,
+            acked: AtomicU64::new(0),
+            attach,
+            captured: Mutex::new(vec![None; pairs]),
+            scratch,
+        })))
+    }
+
+    pub fn attach_event(&self, thread: usize) -> RawFd {
+        self.0.attach[thread].as_raw_fd()
+    }
+
+    /// Listener ids above num_queues are ours (vhost-user-backend reserves 0..=num_queues).
+    pub fn attach_event_id(&self) -> u64 {
+        self.num_queues() as u64 + 1
+    }
+
+    pub fn trigger_attach(&self, thread: usize) -> io::Result<()> {
+        self.0.attach[thread].write(1)
+    }
+
+    fn pairs(&self) -> usize {
+        usize::from(self.0.port.queue_pairs)
+    }
+
+    fn negotiated(&self) -> Negotiated {
+        Negotiated {
+            bits: self.0.acked.load(Ordering::Relaxed),
+        }
+    }
+
+    fn role(&self, global: usize) -> Role {
+        let feat = self.negotiated();
+        if feat.ctrl_vq() && global == feat.ctrl_queue_index(self.0.port.queue_pairs) {
+            Role::Ctrl
+        } else if global % 2 == 0 {
+            Role::Rx
+        } else {
+            Role::Tx(global / 2)
+        }
+    }
+
+    /// Records a thread's RX vring; publishes the RX path once every pair has reported.
+    fn capture(&self, thread: usize, vrings: &[Vring]) {
+        if thread >= self.pairs() {
+            return;
+        }
+        let mut cap = self.0.captured.lock().unwrap_or_else(|p| p.into_inner());
+        cap[thread] = vrings.first().cloned();
+        if cap.iter().all(Option::is_some) {
+            let all: Vec<Vring> = cap.iter().flatten().cloned().collect();
+            self.0.port.publish(all, self.0.mem.clone());
+            debug!(
+                "port {}: rx path ready ({} queue pairs)",
+                self.0.port.id,
+                self.pairs()
+            );
+        }
+    }
+
+    fn process_tx(&self, pair: usize, vring: &Vring, thread: usize) -> io::Result<()> {
+        let port = &self.0.port;
+        let stats = &port.stats[pair.min(port.stats.len() - 1)];
+        let feat = self.negotiated();
+        let hdr_len = feat.hdr_len();
+        let mem = self.0.mem.memory();
+        let mut buf = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        if buf.len() < TX_BUF {
+            buf.resize(TX_BUF, 0);
+        }
+        loop {
+            vring.disable_notification().map_err(io::Error::other)?;
+            loop {
+                // Pop and return the chain in one short critical section: the vring lock must
+                // not be held while the frame goes to other ports.
+                let popped = {
+                    let mut st = vring.get_mut();
+                    let q = st.get_queue_mut();
+                    let t = pop_tx(q, &*mem, hdr_len, &mut buf);
+                    if let Some(t) = &t {
+                        q.add_used(&*mem, t.head, 0).map_err(io::Error::other)?;
+                    }
+                    t
+                };
+                let Some(t) = popped else { break };
+                match t.result {
+                    Ok(n) => {
+                        stats.tx_packets.inc();
+                        stats.tx_bytes.add((n - hdr_len) as u64);
+                        let hdr = match VirtioNetHdr::parse(&buf[..n], hdr_len) {
+                            Ok(h) => h,
+                            Err(e) => {
+                                stats.tx_errors.inc();
+                                debug!("port {}: {e}", port.id);
+                                continue;
+                            }
+                        };
+                        trace!("port {}: tx {} bytes on pair {pair}", port.id, n - hdr_len);
+                        let mut pkt = Packet {
+                            hdr,
+                            frame: &mut buf[hdr_len..n],
+                        };
+                        port.switch.forward(port.id, pair, &mut pkt);
+                    }
+                    Err(e) => {
+                        stats.tx_errors.inc();
+                        if port.warn.allow() {
+                            warn!(
+                                "port {}: tx queue {pair}: dropping chain {}: {}",
+                                port.id,
+                                t.head,
+                                error_chain(&e)
+                            );
+                        }
+                    }
+                }
+            }
+            if !vring.enable_notification().map_err(io::Error::other)? {
+                break;
+            }
+        }
+        if vring.needs_notification().map_err(io::Error::other)? {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+
+    fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
+        let port = &self.0.port;
+        let feat = self.negotiated();
+        let mem = self.0.mem.memory();
+        let mut buf = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        loop {
+            let mut st = vring.get_mut();
+            let q = st.get_queue_mut();
+            let Some((head, chain)) = pop_ctrl(q, &*mem, &mut buf, CTRL_MAX) else {
+                break;
+            };
+            any = true;
+            port.ctrl_stats.ctrl_commands.inc();
+            let (ack, ack_addr) = match chain {
+                Ok(c) => {
+                    let r = port.lock_ctrl().apply(&feat, &buf[..c.len]);
+                    match r {
+                        Ok(outcome) => {
+                            debug!("port {}: control command applied: {outcome:?}", port.id);
+                            (ACK_OK, c.ack)
+                        }
+                        Err(e) => {
+                            port.ctrl_stats.ctrl_errors.inc();
+                            if port.warn.allow() {
+                                warn!("port {}: control command refused: {e}", port.id);
+                            }
+                            (ACK_ERR, c.ack)
+                        }
+                    }
+                }
+                Err(e) => {
+                    port.ctrl_stats.ctrl_errors.inc();
+                    if port.warn.allow() {
+                        warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
+                    }
+                    (ACK_ERR, None)
+                }
+            };
+            let written = match ack_addr {
+                Some(a) => match mem.write_obj(ack, a) {
+                    Ok(()) => 1,
+                    Err(e) => {
+                        port.ctrl_stats.ctrl_errors.inc();
+                        if port.warn.allow() {
+                            warn!("port {}: writing control ack: {e}", port.id);
+                        }
+                        0
+                    }
+                },
+                None => 0,
+            };
+            q.add_used(&*mem, head, written).map_err(io::Error::other)?;
+        }
+        if any && vring.needs_notification().map_err(io::Error::other)? {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+}
+
+impl VhostUserBackend for VnicBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        2 * self.pairs() + 1
+    }
+
+    fn max_queue_size(&self) -> usize {
+        QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        features::offered(self.0.port.queue_pairs)
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.0.acked.store(features, Ordering::Relaxed);
+        self.0.port.set_acked(features);
+        debug!("port {}: features acked {features:#x}", self.0.port.id);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIG
+    }
+
+    fn reset_device(&self) {
+        self.0.port.reset();
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {}
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        self.0.port.config.read(offset, size)
+    }
+
+    fn update_memory(&self, _mem: Mem) -> io::Result<()> {
+        // `self.0.mem` is the same GuestMemoryAtomic the handler just updated.
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One thread per queue pair, then one for the control queue: a guest busy-waits on
+        // every control command, so it must never queue behind data.
+        let mut v: Vec<u64> = (0..self.pairs()).map(|p| 0b11u64 << (2 * p)).collect();
+        v.push(1u64 << (2 * self.pairs()));
+        v
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Ok(());
+        }
+        if u64::from(device_event) == self.attach_event_id() {
+            let _ = self.0.attach[thread_id].read();
+            self.capture(thread_id, vrings);
+            return Ok(());
+        }
+        let local = usize::from(device_event);
+        let Some(vring) = vrings.get(local) else {
+            return Ok(());
+        };
+        let global = if thread_id < self.pairs() {
+            2 * thread_id + local
+        } else {
+            2 * self.pairs()
+        };
+        match self.role(global) {
+            Role::Rx => Ok(()),
+            Role::Tx(pair) => self.process_tx(pair, vring, thread_id),
+            Role::Ctrl => self.process_ctrl(vring, thread_id),
+        }
+    }
+}

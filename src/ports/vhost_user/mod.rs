@@ -1,0 +1,312 @@
+//! Guest ports served over vhost-user: one socket, either QEMU attachment.
+
+mod backend;
+pub mod proxy;
+pub mod queue;
+
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use log::{info, trace, warn};
+use thiserror::Error;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{VhostUserDaemon, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+
+use self::backend::VnicBackend;
+use self::queue::{push_rx, RxError};
+use super::WarnLimiter;
+use crate::device::config::NetConfig;
+use crate::device::ctrl::CtrlState;
+use crate::device::features::Negotiated;
+use crate::pipeline::{Egress, Packet, Switch};
+use crate::stats::{CtrlStats, QueueStats};
+use crate::wire::checksum::complete_partial;
+use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+type Vring = VringRwLock<Mem>;
+
+#[derive(Debug, Error)]
+pub enum VhostPortError {
+    #[error("binding {path}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("another process is serving {0}")]
+    InUse(PathBuf),
+    // vhost_user_backend::Error implements Display but not std::error::Error, so it is
+    // carried and printed rather than chained as a source.
+    #[error("vhost-user daemon: {0}")]
+    Daemon(vhost_user_backend::Error),
+    #[error("internal socket pair")]
+    Inner(#[source] io::Error),
+    #[error("registering with the vring worker")]
+    Register(#[source] io::Error),
+    #[error("relay")]
+    Relay(#[source] proxy::ProxyError),
+}
+
+/// What the RX side of a connected guest needs; swapped in whole when a driver attaches.
+struct RxPath {
+    vrings: Vec<Vring>,
+    mem: Mem,
+    feat: Negotiated,
+}
+
+/// A guest-facing port. Lives as long as the daemon; connections come and go.
+pub struct GuestPort {
+    pub id: usize,
+    pub socket: PathBuf,
+    pub queue_pairs: u16,
+    pub config: NetConfig,
+    pub stats: Vec<QueueStats>,
+    pub ctrl_stats: CtrlStats,
+    /// Control-path state (rx mode, tables): only the control queue and `ctl` touch it.
+    pub ctrl: Mutex<CtrlState>,
+    connected: AtomicBool,
+    acked: AtomicU64,
+    rx: ArcSwapOption<RxPath>,
+    switch: Arc<Switch>,
+    warn: WarnLimiter,
+}
+
+impl GuestPort {
+    pub fn new(id: usize, socket: PathBuf, queue_pairs: u16, config: NetConfig, switch: Arc<Switch>) -> Self {
+        GuestPort {
+            id,
+            socket,
+            queue_pairs,
+            config,
+            stats: (0..queue_pairs).map(|_| QueueStats::default()).collect(),
+            ctrl_stats: CtrlStats::default(),
+            ctrl: Mutex::new(CtrlState::new(config.mac, queue_pairs)),
+            connected: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+            rx: ArcSwapOption::empty(),
+            switch,
+            warn: WarnLimiter::default(),
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The attachment the current driver uses, as far as its features tell.
+    pub fn attachment(&self) -> Option<&'static str> {
+        if !self.connected() {
+            return None;
+        }
+        let f = Negotiated {
+            bits: self.acked.load(Ordering::Relaxed),
+        };
+        if f.bits == 0 {
+            Some("negotiating")
+        } else if f.ctrl_vq() {
+            Some("device")
+        } else {
+            Some("net")
+        }
+    }
+
+    fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, CtrlState> {
+        self.ctrl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Binds the socket, replacing a stale file but never a live daemon's socket.
+    pub fn bind(&self) -> Result<UnixListener, VhostPortError> {
+        if self.socket.exists() {
+            if UnixStream::connect(&self.socket).is_ok() {
+                return Err(VhostPortError::InUse(self.socket.clone()));
+            }
+            let _ = std::fs::remove_file(&self.socket);
+        }
+        UnixListener::bind(&self.socket).map_err(|source| VhostPortError::Bind {
+            path: self.socket.clone(),
+            source,
+        })
+    }
+
+    /// Serves frontends one after another, forever.
+    pub fn serve(self: Arc<Self>, listener: UnixListener) {
+        for (n, conn) in listener.incoming().enumerate() {
+            match conn {
+                Ok(stream) => {
+                    info!("port {} ({}): frontend connected", self.id, self.socket.display());
+                    self.connected.store(true, Ordering::Relaxed);
+                    if let Err(e) = self.serve_connection(stream, n) {
+                        warn!("port {}: connection ended: {}", self.id, error_chain(&e));
+                    }
+                    self.detach();
+                    info!(
+                        "port {}: frontend disconnected; waiting for the next one",
+                        self.id
+                    );
+                }
+                Err(e) => warn!("port {}: accept failed: {e}", self.id),
+            }
+        }
+    }
+
+    fn serve_connection(self: &Arc<Self>, frontend: UnixStream, n: usize) -> Result<(), VhostPortError> {
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let backend = VnicBackend::new(self.clone(), mem.clone()).map_err(VhostPortError::Register)?;
+        let name = format!("vnic-port{}", self.id);
+        let mut daemon =
+            VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(VhostPortError::Daemon)?;
+        // Each worker thread gets one "attach" event so the backend learns its vrings before
+        // any kick arrives (RX from other ports may come first).
+        for (i, h) in daemon.get_epoll_handlers().iter().enumerate() {
+            let fd = backend.attach_event(i);
+            h.register_listener(fd, EventSet::IN, backend.attach_event_id())
+                .map_err(VhostPortError::Register)?;
+            backend.trigger_attach(i).map_err(VhostPortError::Register)?;
+        }
+        // The handler reads from an in-process socket; the relay feeds it QEMU's messages.
+        let addr =
+            SocketAddr::from_abstract_name(format!("dpaa-vnic-{}-{}-{n}", std::process::id(), self.id))
+                .map_err(VhostPortError::Inner)?;
+        let inner = UnixListener::bind_addr(&addr).map_err(VhostPortError::Inner)?;
+        let handler_side = UnixStream::connect_addr(&addr).map_err(VhostPortError::Inner)?;
+        let mut listener = Listener::from(inner);
+        daemon.start(&mut listener).map_err(VhostPortError::Daemon)?;
+        drop(listener);
+        let relay = proxy::Relay::spawn(&name, frontend, handler_side).map_err(VhostPortError::Relay)?;
+        let result = daemon.wait();
+        relay.stop();
+        drop(daemon);
+        result.map_err(VhostPortError::Daemon)
+    }
+
+    fn publish(&self, vrings: Vec<Vring>, mem: Mem) {
+        let feat = Negotiated {
+            bits: self.acked.load(Ordering::Relaxed),
+        };
+        self.rx.store(Some(Arc::new(RxPath { vrings, mem, feat })));
+    }
+
+    fn set_acked(&self, bits: u64) {
+        self.acked.store(bits, Ordering::Relaxed);
+        // Refresh the published features if vrings are already known.
+        if let Some(rx) = self.rx.load_full() {
+            self.rx.store(Some(Arc::new(RxPath {
+                vrings: rx.vrings.clone(),
+                mem: rx.mem.clone(),
+                feat: Negotiated { bits },
+            })));
+        }
+    }
+
+    fn reset(&self) {
+        *self.lock_ctrl() = CtrlState::new(self.config.mac, self.queue_pairs);
+    }
+
+    fn detach(&self) {
+        self.rx.store(None);
+        self.acked.store(0, Ordering::Relaxed);
+        self.connected.store(false, Ordering::Relaxed);
+        self.reset();
+    }
+}
+
+impl Egress for GuestPort {
+    fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
+        let pairs = self.stats.len();
+        let guard = self.rx.load();
+        let Some(rx) = guard.as_ref() else {
+            self.stats[flow % pairs].rx_dropped.inc();
+            return;
+        };
+        // Steer to the flow's queue if the driver enabled it, else to queue 0.
+        let mut q = flow % rx.vrings.len();
+        if !queue_usable(&rx.vrings[q]) {
+            q = 0;
+        }
+        let stats = &self.stats[q];
+        if pkt.hdr.needs_csum() && !rx.feat.guest_csum() {
+            // The guest cannot take a partial checksum: finish it here.
+            match complete_partial(pkt.frame, pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into()) {
+                Ok(()) => {
+                    pkt.hdr.flags &= !F_NEEDS_CSUM;
+                    stats.rx_csum_completed.inc();
+                }
+                Err(e) => {
+                    stats.rx_errors.inc();
+                    if self.warn.allow() {
+                        warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
+                    }
+                    return;
+                }
+            }
+        }
+        let mem = rx.mem.memory();
+        let vring = &rx.vrings[q];
+        let mut state = vring.get_mut();
+        if !state.is_enabled() || !state.get_queue().ready() {
+            stats.rx_dropped.inc();
+            return;
+        }
+        let res = push_rx(
+            state.get_queue_mut(),
+            &*mem,
+            rx.feat.hdr_len(),
+            rx.feat.mrg_rxbuf(),
+            &pkt.hdr,
+            pkt.frame,
+        );
+        let notify = match res {
+            Ok(_) => {
+                stats.rx_packets.inc();
+                stats.rx_bytes.add(pkt.frame.len() as u64);
+                trace!("port {}: rx {} bytes on queue {q}", self.id, pkt.frame.len());
+                true
+            }
+            Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
+                stats.rx_dropped.inc();
+                false
+            }
+            Err(e) => {
+                stats.rx_errors.inc();
+                if self.warn.allow() {
+                    warn!("port {}: rx queue {q}: {}", self.id, error_chain(&e));
+                }
+                true
+            }
+        };
+        if notify && state.get_queue_mut().needs_notification(&*mem).unwrap_or(true) {
+            drop(state);
+            if let Err(e) = vring.signal_used_queue() {
+                if self.warn.allow() {
+                    warn!("port {}: signalling rx queue {q}: {e}", self.id);
+                }
+            }
+        }
+    }
+}
+
+fn queue_usable(v: &Vring) -> bool {
+    let s = v.get_ref();
+    s.is_enabled() && s.get_queue().ready()
+}
+
+/// "outer: inner: innermost" for log lines.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

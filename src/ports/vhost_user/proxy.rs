@@ -1,0 +1,303 @@
+//! A message-level relay between QEMU and the vhost-user request handler.
+//!
+//! Why: QEMU's `-netdev vhost-user` sends VHOST_USER_SET_VRING_ENABLE as soon as the backend
+//! offers VHOST_USER_F_PROTOCOL_FEATURES, before VHOST_USER_SET_FEATURES; the `vhost` crate
+//! rejects that as an inactive feature and drops the connection. Not offering the bit makes
+//! QEMU fall back to a path that silently loses traffic. The relay holds such early enables
+//! back (acking them itself when the frontend asked for a reply) and replays them, in order,
+//! right after SET_FEATURES. Every other message, with its file descriptors, passes through
+//! unchanged, so the released crates serve both attachments unmodified. The data path does
+//! not go through here: vrings live in shared memory and kicks/calls are eventfds.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
+use log::{debug, warn};
+use thiserror::Error;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+const HDR_LEN: usize = 12;
+/// Bodies are small (the largest is a memory table); anything bigger is a broken peer.
+const MAX_BODY: usize = 64 * 1024;
+const MAX_FDS: usize = 32;
+
+const REQ_SET_FEATURES: u32 = 2;
+const REQ_SET_VRING_ENABLE: u32 = 18;
+const FLAG_VERSION: u32 = 0x1;
+const FLAG_REPLY: u32 = 0x4;
+const FLAG_NEED_REPLY: u32 = 0x8;
+
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    #[error("socket I/O")]
+    Io(#[source] io::Error),
+    #[error("socket I/O")]
+    Sys(#[source] vmm_sys_util::errno::Error),
+    #[error("message body of {0} bytes exceeds {MAX_BODY}")]
+    TooBig(usize),
+    #[error("spawning relay thread")]
+    Spawn(#[source] io::Error),
+}
+
+struct Msg {
+    hdr: [u8; HDR_LEN],
+    body: Vec<u8>,
+    fds: Vec<File>,
+}
+
+impl Msg {
+    fn word(&self, i: usize) -> u32 {
+        u32::from_le_bytes([
+            self.hdr[4 * i],
+            self.hdr[4 * i + 1],
+            self.hdr[4 * i + 2],
+            self.hdr[4 * i + 3],
+        ])
+    }
+
+    fn request(&self) -> u32 {
+        self.word(0)
+    }
+
+    fn flags(&self) -> u32 {
+        self.word(1)
+    }
+
+    fn set_flags(&mut self, f: u32) {
+        self.hdr[4..8].copy_from_slice(&f.to_le_bytes());
+    }
+}
+
+/// Reads one message; `None` at a clean end of stream.
+fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
+    let mut hdr = [0u8; HDR_LEN];
+    let mut raw: [RawFd; MAX_FDS] = [-1; MAX_FDS];
+    let mut iov = [libc::iovec {
+        iov_base: hdr.as_mut_ptr().cast(),
+        iov_len: HDR_LEN,
+    }];
+    // SAFETY: the single iovec points at `hdr`, which is HDR_LEN bytes and outlives the call.
+    let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }.map_err(ProxyError::Sys)?;
+    let fds = raw[..nfds]
+        .iter()
+        // SAFETY: recvmsg just installed these descriptors in our table; nothing else owns them.
+        .map(|fd| unsafe { File::from_raw_fd(*fd) })
+        .collect();
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut s = sock;
+    if n < HDR_LEN {
+        s.read_exact(&mut hdr[n..]).map_err(ProxyError::Io)?;
+    }
+    let size = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]) as usize;
+    if size > MAX_BODY {
+        return Err(ProxyError::TooBig(size));
+    }
+    let mut body = vec![0u8; size];
+    s.read_exact(&mut body).map_err(ProxyError::Io)?;
+    Ok(Some(Msg { hdr, body, fds }))
+}
+
+fn send_msg(sock: &UnixStream, m: &Msg) -> Result<(), ProxyError> {
+    let mut buf = Vec::with_capacity(HDR_LEN + m.body.len());
+    buf.extend_from_slice(&m.hdr);
+    buf.extend_from_slice(&m.body);
+    let fds: Vec<RawFd> = m.fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let n = sock.send_with_fds(&[&buf[..]], &fds).map_err(ProxyError::Sys)?;
+    if n < buf.len() {
+        let mut s = sock;
+        s.write_all(&buf[n..]).map_err(ProxyError::Io)?;
+    }
+    Ok(())
+}
+
+fn ack(request: u32) -> Msg {
+    let mut hdr = [0u8; HDR_LEN];
+    hdr[..4].copy_from_slice(&request.to_le_bytes());
+    hdr[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
+    hdr[8..12].copy_from_slice(&8u32.to_le_bytes());
+    Msg {
+        hdr,
+        body: vec![0; 8],
+        fds: Vec::new(),
+    }
+}
+
+/// The running relay of one connection.
+pub struct Relay {
+    frontend: UnixStream,
+    backend: UnixStream,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Starts relaying between `frontend` (QEMU) and `backend` (the request handler).
+    pub fn spawn(name: &str, frontend: UnixStream, backend: UnixStream) -> Result<Relay, ProxyError> {
+        let fe_writer = Arc::new(Mutex::new(frontend.try_clone().map_err(ProxyError::Io)?));
+        let (fe_r, be_w) = (
+            frontend.try_clone().map_err(ProxyError::Io)?,
+            backend.try_clone().map_err(ProxyError::Io)?,
+        );
+        let (be_r, fe_r2, be_w2) = (
+            backend.try_clone().map_err(ProxyError::Io)?,
+            frontend.try_clone().map_err(ProxyError::Io)?,
+            backend.try_clone().map_err(ProxyError::Io)?,
+        );
+        let fe_w2 = fe_writer.clone();
+        let label = name.to_string();
+        let down = thread::Builder::new()
+            .name(format!("{name}-relay-fe"))
+            .spawn(move || {
+                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer) {
+                    debug!("{label}: frontend relay ended: {e}");
+                }
+                let _ = fe_r.shutdown(Shutdown::Both);
+                let _ = be_w.shutdown(Shutdown::Both);
+            })
+            .map_err(ProxyError::Spawn)?;
+        let label = name.to_string();
+        let up = thread::Builder::new()
+            .name(format!("{name}-relay-be"))
+            .spawn(move || {
+                let r = (|| -> Result<(), ProxyError> {
+                    while let Some(m) = recv_msg(&be_r)? {
+                        let w = fe_w2.lock().unwrap_or_else(|p| p.into_inner());
+                        send_msg(&w, &m)?;
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = r {
+                    debug!("{label}: backend relay ended: {e}");
+                }
+                let _ = fe_r2.shutdown(Shutdown::Both);
+                let _ = be_w2.shutdown(Shutdown::Both);
+            })
+            .map_err(ProxyError::Spawn)?;
+        Ok(Relay {
+            frontend,
+            backend,
+            threads: vec![down, up],
+        })
+    }
+
+    /// Closes both sides and waits for the relay threads.
+    pub fn stop(mut self) {
+        let _ = self.frontend.shutdown(Shutdown::Both);
+        let _ = self.backend.shutdown(Shutdown::Both);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                warn!("vhost-user relay thread panicked");
+            }
+        }
+    }
+}
+
+fn frontend_to_backend(
+    fe: &UnixStream,
+    be: &UnixStream,
+    fe_writer: &Mutex<UnixStream>,
+) -> Result<(), ProxyError> {
+    let mut features_set = false;
+    let mut held: Vec<Msg> = Vec::new();
+    while let Some(mut m) = recv_msg(fe)? {
+        let req = m.request();
+        if !features_set && req == REQ_SET_VRING_ENABLE {
+            if m.flags() & FLAG_NEED_REPLY != 0 {
+                let w = fe_writer.lock().unwrap_or_else(|p| p.into_inner());
+                send_msg(&w, &ack(req))?;
+                m.set_flags(m.flags() & !FLAG_NEED_REPLY);
+            }
+            debug!("holding SET_VRING_ENABLE until SET_FEATURES");
+            held.push(m);
+            continue;
+        }
+        send_msg(be, &m)?;
+        if req == REQ_SET_FEATURES && !features_set {
+            features_set = true;
+            for h in held.drain(..) {
+                send_msg(be, &h)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(req: u32, flags: u32, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&req.to_le_bytes());
+        v.extend_from_slice(&flags.to_le_bytes());
+        v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn read_msg(s: &mut UnixStream) -> (u32, u32, Vec<u8>) {
+        let m = recv_msg(s).unwrap().unwrap();
+        (m.request(), m.flags(), m.body)
+    }
+
+    #[test]
+    fn early_vring_enable_is_held_until_set_features() {
+        let (mut qemu, fe) = UnixStream::pair().unwrap();
+        let (be, mut handler) = UnixStream::pair().unwrap();
+        let relay = Relay::spawn("t", fe, be).unwrap();
+        let enable = [0u8, 0, 0, 0, 1, 0, 0, 0];
+        qemu.write_all(&msg(1, 1, &[])).unwrap(); // GET_FEATURES
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &enable))
+            .unwrap();
+        // The relay acks the held message itself.
+        assert_eq!(
+            read_msg(&mut qemu),
+            (REQ_SET_VRING_ENABLE, FLAG_VERSION | FLAG_REPLY, vec![0; 8])
+        );
+        qemu.write_all(&msg(REQ_SET_FEATURES, 1, &[0; 8])).unwrap();
+        assert_eq!(read_msg(&mut handler).0, 1);
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_FEATURES);
+        // Replayed after SET_FEATURES, without NEED_REPLY so the handler does not answer it.
+        assert_eq!(read_msg(&mut handler), (REQ_SET_VRING_ENABLE, 1, enable.to_vec()));
+        // Replies flow back.
+        handler.write_all(&msg(1, 5, &[7; 8])).unwrap();
+        assert_eq!(read_msg(&mut qemu), (1, 5, vec![7; 8]));
+        // Later enables pass straight through.
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1, &enable)).unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_VRING_ENABLE);
+        drop(qemu);
+        assert!(recv_msg(&handler).unwrap().is_none());
+        relay.stop();
+    }
+
+    #[test]
+    fn file_descriptors_pass_through() {
+        let (qemu, fe) = UnixStream::pair().unwrap();
+        let (be, handler) = UnixStream::pair().unwrap();
+        let relay = Relay::spawn("t", fe, be).unwrap();
+        let f = tempfile::tempfile().unwrap();
+        qemu.send_with_fds(&[&msg(5, 1, &[0; 8])[..]], &[f.as_raw_fd()])
+            .unwrap();
+        let m = recv_msg(&handler).unwrap().unwrap();
+        assert_eq!((m.request(), m.fds.len()), (5, 1));
+        relay.stop();
+    }
+
+    #[test]
+    fn oversized_message_ends_the_relay() {
+        let (mut qemu, fe) = UnixStream::pair().unwrap();
+        let (be, handler) = UnixStream::pair().unwrap();
+        let relay = Relay::spawn("t", fe, be).unwrap();
+        let mut m = msg(5, 1, &[]);
+        m[8..12].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
+        qemu.write_all(&m).unwrap();
+        assert!(recv_msg(&handler).unwrap().is_none());
+        relay.stop();
+    }
+}

@@ -1,0 +1,132 @@
+//! The Internet checksum (RFC 1071) and completion of virtio partial checksums.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ChecksumError {
+    #[error("csum_start {start} + csum_offset {offset} does not fit a {len}-byte frame")]
+    OutOfBounds { start: usize, offset: usize, len: usize },
+}
+
+/// One's-complement sum of `data` added to `initial`, not yet folded.
+///
+/// Accumulates eight bytes at a time into a u64 (carries are kept in the upper half and
+/// folded once at the end): the compiler vectorises this, which is several times faster
+/// than a 16-bit loop on full-size frames.
+pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
+    let mut acc: u64 = u64::from(initial);
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        // Four big-endian 16-bit words; summing them as two 32-bit halves keeps the
+        // one's-complement result identical after folding.
+        let w = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        acc += (w >> 32) + (w & 0xffff_ffff);
+    }
+    let rest = chunks.remainder();
+    let mut pairs = rest.chunks_exact(2);
+    for p in &mut pairs {
+        acc += u64::from(u16::from_be_bytes([p[0], p[1]]));
+    }
+    if let [last] = pairs.remainder() {
+        acc += u64::from(*last) << 8;
+    }
+    acc
+}
+
+/// Folds a wide sum to 16 bits (not inverted).
+pub fn fold(mut acc: u64) -> u16 {
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// The Internet checksum of `data`: the inverted folded sum.
+pub fn checksum(data: &[u8]) -> u16 {
+    !fold(partial_sum(data, 0))
+}
+
+/// Completes a virtio `NEEDS_CSUM` frame in place: the L4 checksum field already holds the
+/// pseudo-header sum, so summing from `csum_start` to the end and storing the inverted fold at
+/// `csum_start + csum_offset` gives the final value.
+pub fn complete_partial(frame: &mut [u8], start: usize, offset: usize) -> Result<(), ChecksumError> {
+    let len = frame.len();
+    let at = start
+        .checked_add(offset)
+        .filter(|at| at.checked_add(2).is_some_and(|e| e <= len));
+    let at = at.ok_or(ChecksumError::OutOfBounds { start, offset, len })?;
+    let mut sum = !fold(partial_sum(&frame[start..], 0));
+    // A transmitted UDP checksum of 0 means "none"; RFC 768 sends 0xffff instead. For TCP the
+    // two values are equivalent in one's-complement arithmetic, so this is always safe.
+    if sum == 0 {
+        sum = 0xffff;
+    }
+    frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The textbook 16-bit loop: slow, obviously right.
+    fn reference(data: &[u8]) -> u16 {
+        let mut acc: u32 = 0;
+        for ch in data.chunks(2) {
+            let w = if ch.len() == 2 {
+                u16::from_be_bytes([ch[0], ch[1]])
+            } else {
+                u16::from(ch[0]) << 8
+            };
+            acc += u32::from(w);
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        !(acc as u16)
+    }
+
+    #[test]
+    fn rfc1071_example() {
+        // RFC 1071 section 3: words 0001 f203 f4f5 f6f7 sum to ddf2.
+        let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(fold(partial_sum(&data, 0)), 0xddf2);
+        assert_eq!(checksum(&data), !0xddf2);
+    }
+
+    #[test]
+    fn ipv4_header_golden() {
+        // A real IPv4 header with its checksum (0xb861) filled in: the sum verifies to 0.
+        let hdr = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8, 0x00, 0x01,
+            0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(checksum(&hdr), 0);
+        let mut zeroed = hdr;
+        zeroed[10] = 0;
+        zeroed[11] = 0;
+        assert_eq!(checksum(&zeroed), 0xb861);
+    }
+
+    #[test]
+    fn complete_partial_rejects_out_of_bounds() {
+        let mut f = [0u8; 20];
+        assert!(complete_partial(&mut f, 10, 9).is_err());
+        assert!(complete_partial(&mut f, usize::MAX, 2).is_err());
+        assert!(complete_partial(&mut f, 10, 8).is_ok());
+    }
+
+    #[test]
+    fn complete_partial_zero_becomes_ffff() {
+        // Summing region whose total is 0xffff inverts to 0: must be sent as 0xffff.
+        let mut f = [0xff, 0xff, 0x00, 0x00];
+        complete_partial(&mut f, 0, 2).unwrap();
+        assert_eq!(&f[2..], &[0xff, 0xff]);
+    }
+
+    proptest! {
+        #[test]
+        fn wide_sum_matches_reference(data in proptest::collection::vec(any::<u8>(), 0..3000)) {
+            prop_assert_eq!(checksum(&data), reference(&data));
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Zero-copy views of on-the-wire formats and checksums. No I/O.
+//!
+//! Untrusted bytes enter only through `new_checked` constructors, which validate lengths
+//! once so that the accessors can index without further checks.
+
+pub mod checksum;
+pub mod ethernet;
+pub mod virtio_net_hdr;
+
+pub use ethernet::{EthernetFrame, MacAddr};
+pub use virtio_net_hdr::VirtioNetHdr;
