@@ -187,63 +187,82 @@ impl VnicBackend {
     }
 
     fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
-        let port = &self.0.port;
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut buf = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
         let mut any = false;
         loop {
-            let mut st = vring.get_mut();
-            let q = st.get_queue_mut();
-            let Some((head, chain)) = pop_ctrl(q, &*mem, &mut buf, CTRL_MAX) else {
+            vring.disable_notification().map_err(io::Error::other)?;
+            while self.ctrl_one(vring, &feat, &mem, &mut buf)? {
+                any = true;
+            }
+            // With EVENT_IDX this publishes avail_event: without it the driver would never
+            // kick again and spin forever on its next command.
+            if !vring.enable_notification().map_err(io::Error::other)? {
                 break;
-            };
-            any = true;
-            port.ctrl_stats.ctrl_commands.inc();
-            let (ack, ack_addr) = match chain {
-                Ok(c) => {
-                    let r = port.lock_ctrl().apply(&feat, &buf[..c.len]);
-                    match r {
-                        Ok(outcome) => {
-                            debug!("port {}: control command applied: {outcome:?}", port.id);
-                            (ACK_OK, c.ack)
-                        }
-                        Err(e) => {
-                            port.ctrl_stats.ctrl_errors.inc();
-                            if port.warn.allow() {
-                                warn!("port {}: control command refused: {e}", port.id);
-                            }
-                            (ACK_ERR, c.ack)
-                        }
-                    }
-                }
-                Err(e) => {
-                    port.ctrl_stats.ctrl_errors.inc();
-                    if port.warn.allow() {
-                        warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
-                    }
-                    (ACK_ERR, None)
-                }
-            };
-            let written = match ack_addr {
-                Some(a) => match mem.write_obj(ack, a) {
-                    Ok(()) => 1,
-                    Err(e) => {
-                        port.ctrl_stats.ctrl_errors.inc();
-                        if port.warn.allow() {
-                            warn!("port {}: writing control ack: {e}", port.id);
-                        }
-                        0
-                    }
-                },
-                None => 0,
-            };
-            q.add_used(&*mem, head, written).map_err(io::Error::other)?;
+            }
         }
         if any && vring.needs_notification().map_err(io::Error::other)? {
             vring.signal_used_queue()?;
         }
         Ok(())
+    }
+
+    /// Serves one control command; `false` when the queue is empty.
+    fn ctrl_one(
+        &self,
+        vring: &Vring,
+        feat: &Negotiated,
+        mem: &vm_memory::GuestMemoryLoadGuard<vm_memory::GuestMemoryMmap>,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<bool> {
+        let port = &self.0.port;
+        let mut st = vring.get_mut();
+        let q = st.get_queue_mut();
+        let Some((head, chain)) = pop_ctrl(q, &**mem, buf, CTRL_MAX) else {
+            return Ok(false);
+        };
+        port.ctrl_stats.ctrl_commands.inc();
+        let (ack, ack_addr) = match chain {
+            Ok(c) => {
+                let r = port.lock_ctrl().apply(feat, &buf[..c.len]);
+                match r {
+                    Ok(outcome) => {
+                        debug!("port {}: control command applied: {outcome:?}", port.id);
+                        (ACK_OK, c.ack)
+                    }
+                    Err(e) => {
+                        port.ctrl_stats.ctrl_errors.inc();
+                        if port.warn.allow() {
+                            warn!("port {}: control command refused: {e}", port.id);
+                        }
+                        (ACK_ERR, c.ack)
+                    }
+                }
+            }
+            Err(e) => {
+                port.ctrl_stats.ctrl_errors.inc();
+                if port.warn.allow() {
+                    warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
+                }
+                (ACK_ERR, None)
+            }
+        };
+        let written = match ack_addr {
+            Some(a) => match mem.write_obj(ack, a) {
+                Ok(()) => 1,
+                Err(e) => {
+                    port.ctrl_stats.ctrl_errors.inc();
+                    if port.warn.allow() {
+                        warn!("port {}: writing control ack: {e}", port.id);
+                    }
+                    0
+                }
+            },
+            None => 0,
+        };
+        q.add_used(&**mem, head, written).map_err(io::Error::other)?;
+        Ok(true)
     }
 }
 

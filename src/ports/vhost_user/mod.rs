@@ -185,7 +185,13 @@ impl GuestPort {
         let result = daemon.wait();
         relay.stop();
         drop(daemon);
-        result.map_err(VhostPortError::Daemon)
+        match result {
+            // The frontend hanging up is how every connection ends.
+            Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => Ok(()),
+            r => r.map_err(VhostPortError::Daemon),
+        }
     }
 
     fn publish(&self, vrings: Vec<Vring>, mem: Mem) {

@@ -1,0 +1,203 @@
+# Helpers for guest tests: daemon and QEMU lifetimes, initramfs per test, console
+# markers, counters. Sourced by guest-tests/*.sh. Every wait is bounded; everything a
+# test starts is ended by the EXIT trap, whatever happens.
+# shellcheck shell=bash
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+VNIC_BIN=${VNIC_BIN:-$REPO_ROOT/target/release/dpaa-vnic}
+# Boot timeout per guest; TCG on a loaded 2-core machine is slow.
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-120}
+TEST_NAME=$(basename "$0" .sh)
+# Inside the QEMU rootfs, so the chrooted QEMU sees the same paths under /vnic/run/...
+RUN_DIR=$QEMU_ROOT/vnic/run/$TEST_NAME-$$
+RUN_IN_CHROOT=/vnic/run/$TEST_NAME-$$
+PIDS=()
+NETNS=()
+declare -A DAEMON_PID GUEST_PID
+
+cleanup() {
+    local rc=$?
+    # Clean-up must run to the end even where a kill finds nothing left to kill.
+    set +e
+    local p
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null
+    done
+    for p in "${PIDS[@]}"; do
+        # Bounded: escalate to SIGKILL after 5 s.
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null
+    done
+    for n in "${NETNS[@]}"; do ip netns del "$n" 2>/dev/null; done
+    if ((rc != 0)) && [[ -d $RUN_DIR ]]; then
+        log "$TEST_NAME failed; logs kept in $RUN_DIR"
+        for f in "$RUN_DIR"/*.log; do
+            [[ -f $f ]] || continue
+            echo "----- $(basename "$f") (last 25 lines)" >&2
+            tail -n 25 "$f" | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' >&2
+        done
+    else
+        rm -rf "$RUN_DIR"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+setup_run() {
+    [[ -x $VNIC_BIN ]] || die "$VNIC_BIN missing: build with cargo build --release"
+    [[ -f $QEMU_ROOT/.vnic-ready && -f $GUEST_DIR/base.cpio ]] || die "guest assets missing: run scripts/provision"
+    mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest"
+    cp -u "$GUEST_DIR/vmlinux" "$QEMU_ROOT/vnic/guest/vmlinux"
+}
+
+# make_netns NAME: a network namespace for the test, removed on exit, IPv6 off so that
+# only the test's own traffic moves the counters.
+make_netns() {
+    ip netns del "$1" 2>/dev/null || true
+    ip netns add "$1"
+    NETNS+=("$1")
+    ip netns exec "$1" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    ip netns exec "$1" ip link set lo up
+}
+
+# start_daemon NAME NETNS|- ARGS...: starts dpaa-vnic; waits until its control socket answers.
+start_daemon() {
+    local name=$1 ns=$2; shift 2
+    local pre=()
+    [[ $ns != - ]] && pre=(ip netns exec "$ns")
+    RUST_LOG=${RUST_LOG:-info} "${pre[@]}" "$VNIC_BIN" "$@" --control "$RUN_DIR/$name.ctl" >>"$RUN_DIR/$name.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    DAEMON_PID[$name]=$pid
+    wait_for 15 "daemon $name control socket" "$VNIC_BIN" ctl --control "$RUN_DIR/$name.ctl" stats \
+        || die "daemon $name did not come up"
+}
+
+stop_daemon() {
+    local pid=${DAEMON_PID[$1]}
+    kill -TERM "$pid"
+    wait_for 10 "daemon $1 to exit" bash -c "! kill -0 $pid" || die "daemon $1 ignored SIGTERM"
+    wait "$pid" 2>/dev/null || true
+}
+
+# ctl NAME stats|filter
+ctl() { "$VNIC_BIN" ctl --control "$RUN_DIR/$1.ctl" "$2"; }
+
+# daemon_counter DAEMON PORT COUNTER [QUEUE]: a port's total (or one queue's) counter.
+daemon_counter() {
+    ctl "$1" stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+port, key = int(sys.argv[1]), sys.argv[2]
+p = next(p for p in d["ports"] if p["id"] == port)
+if len(sys.argv) > 3 and sys.argv[3] != "":
+    print(p["queues"][int(sys.argv[3])][key])
+else:
+    print(p["totals"][key] if key in p["totals"] else p[key])
+' "$2" "$3" "${4:-}"
+}
+
+# make_initrd NAME: base initramfs + this test's guest script (read from stdin) as /test.sh.
+make_initrd() {
+    local name=$1 d
+    d=$(mktemp -d)
+    cat >"$d/test.sh"
+    (cd "$d" && echo test.sh | busybox cpio -o -H newc 2>/dev/null) >"$d/test.cpio"
+    python3 - "$GUEST_DIR/base.cpio" "$d/test.cpio" "$RUN_DIR/$name.cpio" <<'PY'
+import sys
+base = open(sys.argv[1], "rb").read()
+# The kernel reads concatenated newc archives; the second must start 512-byte aligned.
+pad = (-len(base)) % 512
+open(sys.argv[3], "wb").write(base + b"\0" * pad + open(sys.argv[2], "rb").read())
+PY
+    rm -rf "$d"
+}
+
+# accel: kvm only where a probe boot succeeds (DESIGN: the paravirtual KVM here cannot run
+# the guest kernel); cached for the run in VNIC_ACCEL.
+accel_args() {
+    case ${VNIC_ACCEL:-tcg} in
+        kvm) echo "-accel kvm -cpu host" ;;
+        *) echo "-accel tcg -cpu max" ;;
+    esac
+}
+
+# start_guest NAME MODE SOCKET_NAME INITRD_NAME [QUEUES] [MAC] [EXTRA_CHARDEV_OPTS]
+#   MODE: net (-netdev vhost-user) or device (vhost-user-test-device-pci).
+start_guest() {
+    local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}
+    local smp=$queues nic
+    case $mode in
+        net)
+            nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,netdev=n0,mac=$mac,romfile="
+            ((queues > 1)) && nic+=",mq=on,vectors=$((2 * queues + 2))"
+            ;;
+        device)
+            nic="-device vhost-user-test-device-pci,chardev=c0,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=12"
+            ;;
+        *) die "unknown attachment $mode" ;;
+    esac
+    # shellcheck disable=SC2046,SC2086
+    timeout "$GUEST_TIMEOUT" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
+        -nographic -no-reboot -nodefaults -serial stdio \
+        -machine q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=256M,share=on \
+        -kernel /vnic/guest/vmlinux -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
+        -append "console=ttyS0 quiet panic=-1 vnic.name=$name" \
+        -chardev "socket,id=c0,path=$RUN_IN_CHROOT/$sock$chopts" $nic \
+        </dev/null >"$RUN_DIR/$name.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    GUEST_PID[$name]=$pid
+}
+
+# wait_console NAME PATTERN TIMEOUT: waits for PATTERN (grep -E) on the guest's console.
+wait_console() {
+    wait_for "$3" "'$2' on $1's console" grep -qE "$2" "$RUN_DIR/$1.log"
+}
+
+# wait_guest NAME: waits for the guest to power off; fails unless its test script said 0.
+wait_guest() {
+    local pid=${GUEST_PID[$1]}
+    wait "$pid" || { log "guest $1: QEMU exited with $? (124: timeout)"; return 1; }
+    grep -q "VNIC-RESULT 0" "$RUN_DIR/$1.log" || { log "guest $1: test script failed"; return 1; }
+}
+
+# guest_stat NAME IFACE FIELD: from the guest's last VNIC-STATS line.
+guest_stat() {
+    grep -a "VNIC-STATS $2 " "$RUN_DIR/$1.log" | tail -1 | tr ' ' '\n' | tr -d '\r' | awk -F= -v k="$3" '$1 == k {print $2}'
+}
+
+# elapsed_since T0: seconds since a `date +%s.%N` stamp, two decimals.
+elapsed_since() {
+    awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'
+}
+
+# expect_eq WHAT GOT WANT
+expect_eq() {
+    if [[ $2 != "$3" ]]; then
+        log "FAIL: $1: got '$2', want '$3'"
+        return 1
+    fi
+    log "ok: $1 = $2"
+}
+
+# expect_ge WHAT GOT MIN
+expect_ge() {
+    if ! [[ $2 =~ ^[0-9]+$ ]] || (($2 < $3)); then
+        log "FAIL: $1: got '$2', want >= $3"
+        return 1
+    fi
+    log "ok: $1 = $2 (>= $3)"
+}
+
+# compare_counters GUEST DAEMON PORT: the daemon's view of a guest port equals the guest's own.
+compare_counters() {
+    local g=$1 d=$2 port=$3
+    expect_eq "$g tx_packets (daemon vs guest)" "$(daemon_counter "$d" "$port" tx_packets)" "$(guest_stat "$g" eth0 tx_packets)"
+    expect_eq "$g rx_packets (daemon vs guest)" "$(daemon_counter "$d" "$port" rx_packets)" "$(guest_stat "$g" eth0 rx_packets)"
+    expect_eq "$g tx_bytes (daemon vs guest)" "$(daemon_counter "$d" "$port" tx_bytes)" "$(guest_stat "$g" eth0 tx_bytes)"
+    expect_eq "$g rx_bytes (daemon vs guest)" "$(daemon_counter "$d" "$port" rx_bytes)" "$(guest_stat "$g" eth0 rx_bytes)"
+}
+
+HOST_UDP=$CACHE_DIR/host/vnic-udp
