@@ -80,7 +80,9 @@ fn copy_out<M: GuestMemory>(
     buf: &mut [u8],
 ) -> Result<usize, ChainError> {
     let mut n = 0usize;
-    let mut last_has_next = false;
+    // Starts true: a chain that yields no descriptor at all (unreadable head or indirect
+    // table) is as broken as one cut short.
+    let mut last_has_next = true;
     for d in chain {
         last_has_next = d.has_next();
         if d.is_write_only() {
@@ -122,7 +124,7 @@ fn collect_rx<M: GuestMemory>(chain: DescriptorChain<&M>) -> (u16, Result<RxChai
         ndesc: 0,
         capacity: 0,
     };
-    let mut last_has_next = false;
+    let mut last_has_next = true;
     for d in chain {
         last_has_next = d.has_next();
         if !d.is_write_only() {
@@ -279,7 +281,7 @@ fn read_ctrl<M: GuestMemory>(
 ) -> Result<(usize, Option<GuestAddress>), ChainError> {
     buf.clear();
     let mut ack = None;
-    let mut last_has_next = false;
+    let mut last_has_next = true;
     for d in chain {
         last_has_next = d.has_next();
         if d.is_write_only() {
