@@ -129,6 +129,8 @@ impl VnicBackend {
         if buf.len() < TX_BUF {
             buf.resize(TX_BUF, 0);
         }
+        // Interrupt the driver only for chains actually returned.
+        let mut returned = false;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
             loop {
@@ -144,6 +146,7 @@ impl VnicBackend {
                     t
                 };
                 let Some(t) = popped else { break };
+                returned = true;
                 match t.result {
                     Ok(n) => {
                         stats.tx_packets.inc();
@@ -180,7 +183,7 @@ impl VnicBackend {
                 break;
             }
         }
-        if vring.needs_notification().map_err(io::Error::other)? {
+        if returned && vring.needs_notification().map_err(io::Error::other)? {
             vring.signal_used_queue()?;
         }
         Ok(())

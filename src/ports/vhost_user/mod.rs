@@ -139,12 +139,12 @@ impl GuestPort {
 
     /// Serves frontends one after another, forever.
     pub fn serve(self: Arc<Self>, listener: UnixListener) {
-        for (n, conn) in listener.incoming().enumerate() {
+        for conn in listener.incoming() {
             match conn {
                 Ok(stream) => {
                     info!("port {} ({}): frontend connected", self.id, self.socket.display());
                     self.connected.store(true, Ordering::Relaxed);
-                    if let Err(e) = self.serve_connection(stream, n) {
+                    if let Err(e) = self.serve_connection(stream) {
                         warn!("port {}: connection ended: {}", self.id, error_chain(&e));
                     }
                     self.detach();
@@ -158,7 +158,7 @@ impl GuestPort {
         }
     }
 
-    fn serve_connection(self: &Arc<Self>, frontend: UnixStream, n: usize) -> Result<(), VhostPortError> {
+    fn serve_connection(self: &Arc<Self>, frontend: UnixStream) -> Result<(), VhostPortError> {
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let backend = VnicBackend::new(self.clone(), mem.clone()).map_err(VhostPortError::Register)?;
         let name = format!("vnic-port{}", self.id);
@@ -173,8 +173,11 @@ impl GuestPort {
             backend.trigger_attach(i).map_err(VhostPortError::Register)?;
         }
         // The handler reads from an in-process socket; the relay feeds it QEMU's messages.
+        // Unique per process and connection (not just per port id: tests run many ports 0).
+        static INNER: AtomicU64 = AtomicU64::new(0);
+        let seq = INNER.fetch_add(1, Ordering::Relaxed);
         let addr =
-            SocketAddr::from_abstract_name(format!("dpaa-vnic-{}-{}-{n}", std::process::id(), self.id))
+            SocketAddr::from_abstract_name(format!("dpaa-vnic-{}-{}-{seq}", std::process::id(), self.id))
                 .map_err(VhostPortError::Inner)?;
         let inner = UnixListener::bind_addr(&addr).map_err(VhostPortError::Inner)?;
         let handler_side = UnixStream::connect_addr(&addr).map_err(VhostPortError::Inner)?;

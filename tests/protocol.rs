@@ -1,0 +1,350 @@
+//! Protocol tests: vhost's own `Frontend` drives a dpaa-vnic guest port over a temp socket,
+//! as QEMU would: negotiation, config space, memory table, vrings, then real frames through
+//! TX and RX, control commands with acks, and hostile frontends.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dpaa_vnic::device::NetConfig;
+use dpaa_vnic::pipeline::{Egress, Packet, Switch};
+use dpaa_vnic::ports::vhost_user::GuestPort;
+use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    MmapRegion,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+const MEM_SIZE: usize = 0x20_0000;
+const QSIZE: u16 = 16;
+const HDR: usize = 12;
+const F_NEXT: u16 = 1;
+const F_WRITE: u16 = 2;
+/// Queue base addresses (guest physical) for RX, TX and control.
+const QBASE: [u64; 3] = [0x1000, 0x4000, 0x8000];
+
+/// Port 1 of the switch: records what the guest port forwards.
+#[derive(Default)]
+struct Sink(Mutex<Vec<Vec<u8>>>);
+
+impl Egress for Sink {
+    fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
+        self.0.lock().unwrap().push(pkt.frame.to_vec());
+    }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    port: Arc<GuestPort>,
+    sink: Arc<Sink>,
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vnic.sock");
+    let switch = Arc::new(Switch::new(2));
+    let cfg = NetConfig {
+        mac: "52:54:00:d0:aa:01".parse().unwrap(),
+        link_up: true,
+        max_queue_pairs: 1,
+        mtu: 1500,
+    };
+    let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, switch.clone()));
+    let sink = Arc::new(Sink::default());
+    switch.attach(0, port.clone());
+    switch.attach(1, sink.clone());
+    let listener = port.bind().unwrap();
+    let p = port.clone();
+    thread::spawn(move || p.serve(listener));
+    Rig {
+        _dir: dir,
+        path,
+        port,
+        sink,
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+}
+
+/// A connected, fully set up frontend with shared guest memory, like QEMU after boot.
+struct Guest {
+    fe: Frontend,
+    mem: GuestMemoryMmap,
+    kick: Vec<EventFd>,
+    call: Vec<EventFd>,
+}
+
+impl Guest {
+    /// The driver's view of queue `i`. Creating it initialises the rings, so each test
+    /// makes it once, before the first chain.
+    fn queue(&self, i: usize) -> MockSplitQueue<'_, GuestMemoryMmap> {
+        MockSplitQueue::create(&self.mem, GuestAddress(QBASE[i]), QSIZE)
+    }
+
+    fn connect(path: &Path, features: u64) -> Guest {
+        let mut fe = Frontend::connect(path, 3).unwrap();
+        fe.set_owner().unwrap();
+        let offered = fe.get_features().unwrap();
+        assert_eq!(
+            features & !offered,
+            0,
+            "asking for features the device does not offer"
+        );
+        let pf = fe.get_protocol_features().unwrap();
+        assert!(pf.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
+        fe.set_protocol_features(pf & (VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ))
+            .unwrap();
+        assert_eq!(fe.get_queue_num().unwrap(), 3);
+
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(MEM_SIZE as u64).unwrap();
+        let region = MmapRegion::<()>::from_file(FileOffset::new(file, 0), MEM_SIZE).unwrap();
+        let mem = GuestMemoryMmap::from_regions(vec![GuestRegionMmap::new(region, GuestAddress(0)).unwrap()])
+            .unwrap();
+        let r = mem.find_region(GuestAddress(0)).unwrap();
+        let host_base = r.get_host_address(vm_memory::MemoryRegionAddress(0)).unwrap() as u64;
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(r).unwrap()])
+            .unwrap();
+
+        let mut g = Guest {
+            fe,
+            mem,
+            kick: Vec::new(),
+            call: Vec::new(),
+        };
+        for (i, base) in QBASE.iter().enumerate() {
+            let q = MockSplitQueue::create(&g.mem, GuestAddress(*base), QSIZE);
+            let cfg = VringConfigData {
+                queue_max_size: QSIZE,
+                queue_size: QSIZE,
+                flags: 0,
+                // vhost-user carries the frontend's virtual addresses.
+                desc_table_addr: host_base + q.desc_table_addr().0,
+                used_ring_addr: host_base + q.used_addr().0,
+                avail_ring_addr: host_base + q.avail_addr().0,
+                log_addr: None,
+            };
+            let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+            let call = EventFd::new(EFD_NONBLOCK).unwrap();
+            g.fe.set_vring_num(i, QSIZE).unwrap();
+            g.fe.set_vring_addr(i, &cfg).unwrap();
+            g.fe.set_vring_base(i, 0).unwrap();
+            g.fe.set_vring_call(i, &call).unwrap();
+            g.fe.set_vring_kick(i, &kick).unwrap();
+            g.kick.push(kick);
+            g.call.push(call);
+        }
+        g.fe.set_features(features).unwrap();
+        for i in 0..3 {
+            g.fe.set_vring_enable(i, true).unwrap();
+        }
+        g
+    }
+}
+
+const VERSION_1: u64 = 1 << 32;
+const MRG_RXBUF: u64 = 1 << 15;
+const CTRL_VQ: u64 = 1 << 17;
+const CTRL_RX: u64 = 1 << 18;
+const PROTOCOL_FEATURES: u64 = 1 << 30;
+
+fn frame(dst: &str, len: usize) -> Vec<u8> {
+    let mut f = dst.parse::<MacAddr>().unwrap().0.to_vec();
+    f.extend_from_slice(&[0x52, 0x54, 0x00, 0xd0, 0xaa, 0x01, 0x08, 0x00]);
+    f.resize(len, 0x5a);
+    f
+}
+
+#[test]
+fn negotiation_and_config_space() {
+    let r = rig();
+    let mut g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
+    let (_, cfg) =
+        g.fe.get_config(0, 12, VhostUserConfigFlags::WRITABLE, &[0u8; 12])
+            .unwrap();
+    assert_eq!(
+        cfg,
+        vec![0x52, 0x54, 0x00, 0xd0, 0xaa, 0x01, 1, 0, 1, 0, 0xdc, 0x05]
+    );
+    wait_until("attachment", || r.port.attachment() == Some("net"));
+}
+
+#[test]
+fn tx_frame_reaches_the_switch_and_is_counted() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let txq = g.queue(1);
+    let f = frame("ff:ff:ff:ff:ff:ff", 60);
+    g.mem.write_slice(&[0u8; HDR], GuestAddress(0x10_0000)).unwrap();
+    g.mem.write_slice(&f, GuestAddress(0x10_1000)).unwrap();
+    txq.add_desc_chains(&[d(0x10_0000, HDR as u32, F_NEXT, 1), d(0x10_1000, 60, 0, 0)], 0)
+        .unwrap();
+    g.kick[1].write(1).unwrap();
+    wait_until("frame at the sink", || r.sink.0.lock().unwrap().len() == 1);
+    assert_eq!(r.sink.0.lock().unwrap()[0], f);
+    wait_until("used ring", || txq.used().idx().load() == 1);
+    assert_eq!(g.call[1].read().unwrap(), 1, "TX completion must be signalled");
+    let s = r.port.stats[0].snapshot();
+    assert_eq!((s.tx_packets, s.tx_bytes, s.tx_errors), (1, 60, 0));
+
+    // A chain the backend must refuse (device-writable in TX) is returned and counted.
+    txq.add_desc_chains(&[d(0x10_2000, 64, F_WRITE, 0)], 2).unwrap();
+    g.kick[1].write(1).unwrap();
+    wait_until("bad chain returned", || txq.used().idx().load() == 2);
+    assert_eq!(r.port.stats[0].snapshot().tx_errors, 1);
+    assert_eq!(r.sink.0.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn rx_frame_is_written_with_header_and_signalled() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    rxq.add_desc_chains(
+        &[d(0x11_0000, 2048, F_WRITE, 0), d(0x11_1000, 2048, F_WRITE, 0)],
+        0,
+    )
+    .unwrap();
+    g.kick[0].write(1).unwrap();
+    let mut f = frame("52:54:00:d0:aa:01", 100);
+    wait_until("rx path published", || {
+        r.port.send(
+            0,
+            &mut Packet {
+                hdr: VirtioNetHdr::default(),
+                frame: &mut f.clone(),
+            },
+        );
+        rxq.used().idx().load() == 1
+    });
+    let mut got = vec![0u8; HDR + 100];
+    g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();
+    assert_eq!(VirtioNetHdr::parse(&got, HDR).unwrap().num_buffers, 1);
+    assert_eq!(&got[HDR..], &f[..]);
+    assert!(g.call[0].read().unwrap() >= 1);
+    // Out of buffers after the second frame: the third is dropped and counted.
+    r.port.send(
+        0,
+        &mut Packet {
+            hdr: VirtioNetHdr::default(),
+            frame: &mut f,
+        },
+    );
+    let mut f3 = f.clone();
+    r.port.send(
+        0,
+        &mut Packet {
+            hdr: VirtioNetHdr::default(),
+            frame: &mut f3,
+        },
+    );
+    let s = r.port.stats[0].snapshot();
+    assert_eq!(s.rx_packets, 2);
+    assert!(s.rx_dropped >= 1);
+}
+
+#[test]
+fn control_queue_applies_and_acks_commands() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
+    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let ctlq = g.queue(2);
+    let cmds: [&[u8]; 2] = [&[0, 0, 0], &[9, 9]]; // PROMISC off; an unknown class
+    for (i, cmd) in cmds.iter().enumerate() {
+        let base = 0x12_0000 + 0x1000 * i as u64;
+        g.mem.write_slice(cmd, GuestAddress(base)).unwrap();
+        g.mem.write_obj(0xffu8, GuestAddress(base + 0x800)).unwrap();
+        ctlq.add_desc_chains(
+            &[
+                d(base, cmd.len() as u32, F_NEXT, 2 * i as u16 + 1),
+                d(base + 0x800, 1, F_WRITE, 0),
+            ],
+            2 * i as u16,
+        )
+        .unwrap();
+        g.kick[2].write(1).unwrap();
+        wait_until("ack", || ctlq.used().idx().load() == i as u16 + 1);
+        let ack: u8 = g.mem.read_obj(GuestAddress(base + 0x800)).unwrap();
+        assert_eq!(ack, i as u8, "command {cmd:?}");
+    }
+    assert!(!r.port.ctrl.lock().unwrap().rx.mode.promisc);
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
+}
+
+fn raw_msg(req: u32, body: &[u8]) -> Vec<u8> {
+    let mut v = req.to_le_bytes().to_vec();
+    v.extend_from_slice(&1u32.to_le_bytes());
+    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+fn get_features_raw(s: &mut UnixStream) -> u64 {
+    s.write_all(&raw_msg(1, &[])).unwrap();
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply).unwrap();
+    u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+/// QEMU's net attachment sends SET_VRING_ENABLE before SET_FEATURES; the connection must
+/// survive it and the enable must take effect once features are set.
+#[test]
+fn early_set_vring_enable_does_not_drop_the_connection() {
+    let r = rig();
+    let mut s = UnixStream::connect(&r.path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&raw_msg(3, &[])).unwrap(); // SET_OWNER
+    let f = get_features_raw(&mut s);
+    assert_ne!(f & PROTOCOL_FEATURES, 0);
+    let mut enable = 0u32.to_le_bytes().to_vec();
+    enable.extend_from_slice(&1u32.to_le_bytes());
+    s.write_all(&raw_msg(18, &enable)).unwrap();
+    s.write_all(&raw_msg(2, &(VERSION_1 | PROTOCOL_FEATURES).to_le_bytes()))
+        .unwrap();
+    // Still talking: the handler did not drop us.
+    assert_eq!(get_features_raw(&mut s), f);
+}
+
+#[test]
+fn garbage_from_a_frontend_ends_only_that_connection() {
+    let r = rig();
+    for junk in [
+        raw_msg(9999, &[1, 2, 3, 4]),        // unknown request
+        raw_msg(5, &[0u8; 3]),               // SET_MEM_TABLE with a truncated body
+        vec![0xff; 7],                       // not even a header
+        raw_msg(2, &u64::MAX.to_le_bytes()), // features the device never offered
+    ] {
+        let mut s = UnixStream::connect(&r.path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&junk);
+        drop(s);
+        // The daemon keeps serving: a proper frontend still gets its answers.
+        let mut ok = UnixStream::connect(&r.path).unwrap();
+        ok.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_ne!(get_features_raw(&mut ok) & PROTOCOL_FEATURES, 0);
+    }
+}
