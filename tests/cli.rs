@@ -1,0 +1,114 @@
+//! The binary as a user runs it: argument errors, `ctl` output keys, a second daemon on a
+//! busy socket, and SIGTERM.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dpaa-vnic");
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_message() {
+    for (args, needle) in [
+        (&["--queues", "2"][..], "--socket"),
+        (&["--socket", "/tmp/x.sock", "--queues", "0"], "--queues 0"),
+        (&["--socket", "/tmp/x.sock", "--mac", "nope"], "MAC"),
+        (&["--socket", "/tmp/x.sock", "--mtu", "20"], "--mtu"),
+        (&["--socket", "/tmp/x.sock", "--tap", "waytoolonginterfacename"], "--tap"),
+        (&["--bogus"], "--bogus"),
+        (&["ctl", "stats"], "--control"),
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: message {err:?} lacks {needle:?}");
+    }
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(sock: &Path, ctl: &Path) -> Daemon {
+    let c = Command::new(BIN)
+        .args(["--socket", sock.to_str().unwrap(), "--socket"])
+        .arg(sock.with_extension("b"))
+        .args(["--control", ctl.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon(c);
+    wait_for("control socket", || ctl.exists());
+    d
+}
+
+#[test]
+fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let ctl = dir.path().join("ctl.sock");
+    let mut d = start(&sock, &ctl);
+
+    let out = Command::new(BIN).args(["ctl", "--control", ctl.to_str().unwrap(), "stats"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ports"].as_array().unwrap().len(), 2);
+    for k in ["tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_dropped", "tx_errors"] {
+        assert_eq!(v["totals"][k], 0, "{k}");
+        assert_eq!(v["ports"][0]["queues"][0][k], 0, "{k}");
+    }
+    assert_eq!(v["ports"][1]["ctrl_commands"], 0);
+    assert_eq!(v["ports"][0]["connected"], false);
+
+    let out = Command::new(BIN).args(["ctl", "--control", ctl.to_str().unwrap(), "filter"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ports"][0]["mac"], "52:54:00:d0:aa:01");
+    assert_eq!(v["ports"][1]["mac"], "52:54:00:d0:aa:02");
+    assert_eq!(v["ports"][0]["rx_mode"]["promisc"], true);
+    assert!(v["ports"][0]["multicast"].as_array().unwrap().is_empty());
+
+    // A second daemon must not steal (or delete) a live socket.
+    let (code, err) = run(&["--socket", sock.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("another process"), "{err}");
+    assert!(sock.exists());
+
+    // SIGTERM: clean exit, sockets gone.
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "daemon ignored SIGTERM");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    assert!(!sock.exists() && !ctl.exists() && !sock.with_extension("b").exists());
+}
+
+#[test]
+fn ctl_without_a_daemon_fails_clearly() {
+    let out = Command::new(BIN).args(["ctl", "--control", "/nonexistent/ctl.sock", "stats"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is the daemon running"));
+}
