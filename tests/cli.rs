@@ -10,7 +10,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_dpaa-vnic");
 
 fn run(args: &[&str]) -> (i32, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -20,7 +23,10 @@ fn bad_arguments_exit_2_with_a_message() {
         (&["--socket", "/tmp/x.sock", "--queues", "0"], "--queues 0"),
         (&["--socket", "/tmp/x.sock", "--mac", "nope"], "MAC"),
         (&["--socket", "/tmp/x.sock", "--mtu", "20"], "--mtu"),
-        (&["--socket", "/tmp/x.sock", "--tap", "waytoolonginterfacename"], "--tap"),
+        (
+            &["--socket", "/tmp/x.sock", "--tap", "waytoolonginterfacename"],
+            "--tap",
+        ),
         (&["--bogus"], "--bogus"),
         (&["ctl", "stats"], "--control"),
     ] {
@@ -42,7 +48,10 @@ impl Drop for Daemon {
 fn wait_for(what: &str, f: impl Fn() -> bool) {
     let t0 = Instant::now();
     while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -67,18 +76,31 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     let ctl = dir.path().join("ctl.sock");
     let mut d = start(&sock, &ctl);
 
-    let out = Command::new(BIN).args(["ctl", "--control", ctl.to_str().unwrap(), "stats"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["ctl", "--control", ctl.to_str().unwrap(), "stats"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ports"].as_array().unwrap().len(), 2);
-    for k in ["tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_dropped", "tx_errors"] {
+    for k in [
+        "tx_packets",
+        "tx_bytes",
+        "rx_packets",
+        "rx_bytes",
+        "rx_dropped",
+        "tx_errors",
+    ] {
         assert_eq!(v["totals"][k], 0, "{k}");
         assert_eq!(v["ports"][0]["queues"][0][k], 0, "{k}");
     }
     assert_eq!(v["ports"][1]["ctrl_commands"], 0);
     assert_eq!(v["ports"][0]["connected"], false);
 
-    let out = Command::new(BIN).args(["ctl", "--control", ctl.to_str().unwrap(), "filter"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["ctl", "--control", ctl.to_str().unwrap(), "filter"])
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ports"][0]["mac"], "52:54:00:d0:aa:01");
     assert_eq!(v["ports"][1]["mac"], "52:54:00:d0:aa:02");
@@ -108,7 +130,10 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
 
 #[test]
 fn ctl_without_a_daemon_fails_clearly() {
-    let out = Command::new(BIN).args(["ctl", "--control", "/nonexistent/ctl.sock", "stats"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["ctl", "--control", "/nonexistent/ctl.sock", "stats"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is the daemon running"));
 }

@@ -298,3 +298,30 @@ fn ctrl_malformed_chains() {
     q.go_to_previous_position();
     assert!(pop_ctrl(&mut q, &m, &mut buf, 1 << 20).is_some());
 }
+
+/// Many MTU-sized frames, each in its own 2 KiB buffer, then one too many.
+///
+/// MockSplitQueue (virtio-queue 0.18) places its used ring `len` bytes after the avail ring
+/// instead of `2 * len`, so the used ring overlaps avail entries from `len / 2` on: tests keep
+/// fewer than half the ring in flight.
+#[test]
+fn rx_fills_every_posted_buffer_then_drops() {
+    const POSTED: u64 = 120;
+    let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x200_0000)]).unwrap();
+    let vq = MockSplitQueue::new(&m, 256);
+    let descs: Vec<RawDescriptor> = (0..POSTED)
+        .map(|i| d(0x10_0000 + i * 0x1_0000, 2048, F_WRITE, 0))
+        .collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let f = frame(1500);
+    for i in 0..POSTED {
+        let r = push_rx(&mut q, &m, HDR, true, &VirtioNetHdr::default(), &f);
+        assert!(r.is_ok(), "frame {i}: {r:?}");
+    }
+    assert_eq!(u64::from(used_idx(&vq)), POSTED);
+    assert!(matches!(
+        push_rx(&mut q, &m, HDR, true, &VirtioNetHdr::default(), &f),
+        Err(RxError::NoBuffers)
+    ));
+}
