@@ -124,7 +124,9 @@ accel_args() {
 }
 
 # start_guest NAME MODE SOCKET_NAME INITRD_NAME [QUEUES] [MAC] [EXTRA_CHARDEV_OPTS]
-#   MODE: net (-netdev vhost-user) or device (vhost-user-test-device-pci).
+#   MODE: net (-netdev vhost-user) or device (vhost-user-test-device-pci), or qemu-tap:
+#   QEMU's own virtio-net on a tap named SOCKET_NAME, a baseline without dpaa-vnic (QEMU then
+#   runs in the namespace GUEST_NETNS, where it creates the tap).
 start_guest() {
     local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}
     local smp=$queues nic
@@ -136,19 +138,32 @@ start_guest() {
         device)
             nic="-device vhost-user-test-device-pci,chardev=c0,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=12"
             ;;
+        qemu-tap)
+            ensure_chroot_tun
+            nic="-netdev tap,id=n0,ifname=$sock,script=no,downscript=no,vhost=off -device virtio-net-pci,netdev=n0,mac=$mac,romfile="
+            ;;
         *) die "unknown attachment $mode" ;;
     esac
+    local chardev=(-chardev "socket,id=c0,path=$RUN_IN_CHROOT/$sock$chopts") pre=()
+    [[ $mode == qemu-tap ]] && chardev=() && pre=(ip netns exec "$GUEST_NETNS")
     # shellcheck disable=SC2046,SC2086
-    timeout "$GUEST_TIMEOUT" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
+    timeout "$GUEST_TIMEOUT" "${pre[@]}" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
         -nographic -no-reboot -nodefaults -serial stdio \
         -machine q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=256M,share=on \
         -kernel /vnic/guest/vmlinux -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
         -append "console=ttyS0 quiet panic=-1 vnic.name=$name" \
-        -chardev "socket,id=c0,path=$RUN_IN_CHROOT/$sock$chopts" $nic \
+        "${chardev[@]}" $nic \
         </dev/null >"$RUN_DIR/$name.log" 2>&1 &
     local pid=$!
     PIDS+=("$pid")
     GUEST_PID[$name]=$pid
+}
+
+# The chrooted QEMU opens /dev/net/tun inside its root for the qemu-tap baseline.
+ensure_chroot_tun() {
+    [[ -e $QEMU_ROOT/dev/net/tun ]] && return
+    mkdir -p "$QEMU_ROOT/dev/net"
+    mknod -m 0666 "$QEMU_ROOT/dev/net/tun" c 10 200
 }
 
 # wait_console NAME PATTERN TIMEOUT: waits for PATTERN (grep -E) on the guest's console.

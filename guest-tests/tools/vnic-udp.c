@@ -4,7 +4,9 @@
  *                                          send COUNT datagrams of SIZE bytes (default 64),
  *                                          at most PPS per second (default: unpaced)
  *   vnic-udp recv PORT COUNT TIMEOUT_S     receive until COUNT datagrams or timeout;
- *                                          prints "received N" and exits 0 only if N == COUNT
+ *                                          prints "received N" (then the rate between the
+ *                                          first and last datagram) and exits 0 only if
+ *                                          N == COUNT
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -65,15 +67,20 @@ static int do_recv(int port, long count, int timeout_s) {
     printf("listening %d\n", port);
     fflush(stdout);
     char buf[65536];
-    long got = 0, deadline = now_ms() + timeout_s * 1000L;
+    long got = 0, deadline = now_ms() + timeout_s * 1000L, first = 0, last = 0;
     while (got < count) {
         long left = deadline - now_ms();
         if (left <= 0) break;
         struct pollfd p = { .fd = s, .events = POLLIN };
         if (poll(&p, 1, (int)left) <= 0) continue;
-        if (recv(s, buf, sizeof(buf), 0) >= 0) got++;
+        if (recv(s, buf, sizeof(buf), 0) >= 0) {
+            last = now_ms();
+            if (got++ == 0) first = last;
+        }
     }
     printf("received %ld\n", got);
+    if (got > 1 && last > first)
+        printf("rate %.0f pps over %ld ms\n", (got - 1) * 1000.0 / (last - first), last - first);
     return got == count ? 0 : 1;
 }
 
