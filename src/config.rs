@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 
+use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
+use crate::device::filter::Layout;
 use crate::wire::MacAddr;
 
 /// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
@@ -68,6 +70,13 @@ pub struct RunArgs {
     /// Unix socket for `dpaa-vnic ctl`.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Receive filter of every guest port: memac (64 hash buckets), dtsec (256 unicast +
+    /// 256 multicast buckets), dtsec-ext (512 multicast buckets) or exact.
+    #[arg(long, default_value = "memac", value_name = "LAYOUT")]
+    pub filter: Layout,
+    /// Multicast entries the exact filter keeps before it falls back to allmulti.
+    #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
+    pub exact_limit: usize,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -86,6 +95,8 @@ pub enum ConfigError {
     TapName(String),
     #[error("--socket {0} is given twice")]
     DuplicateSocket(String),
+    #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
+    ExactLimit(usize),
 }
 
 /// A guest port's settings.
@@ -102,6 +113,8 @@ pub struct Config {
     pub queue_pairs: u16,
     pub mtu: u16,
     pub control: Option<PathBuf>,
+    pub filter: Layout,
+    pub exact_limit: usize,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -135,6 +148,9 @@ impl TryFrom<RunArgs> for Config {
                 return Err(ConfigError::TapName(t.clone()));
             }
         }
+        if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
+            return Err(ConfigError::ExactLimit(a.exact_limit));
+        }
         for (i, s) in a.sockets.iter().enumerate() {
             if a.sockets[..i].contains(s) {
                 return Err(ConfigError::DuplicateSocket(s.display().to_string()));
@@ -155,6 +171,8 @@ impl TryFrom<RunArgs> for Config {
             queue_pairs: a.queues,
             mtu: a.mtu,
             control: a.control,
+            filter: a.filter,
+            exact_limit: a.exact_limit,
         })
     }
 }
@@ -211,5 +229,14 @@ mod tests {
             Err(ConfigError::TooManyMacs { .. })
         ));
         assert!(Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--mac", "zz"]).is_err());
+        assert!(Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--filter", "fman"]).is_err());
+        assert_eq!(
+            parse(&["--socket", "a", "--exact-limit", "0"]),
+            Err(ConfigError::ExactLimit(0))
+        );
+        assert_eq!(
+            parse(&["--socket", "a", "--filter", "dtsec-ext"]).unwrap().filter,
+            Layout::DtsecExtended
+        );
     }
 }

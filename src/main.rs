@@ -14,7 +14,7 @@ use dpaa_vnic::control::ControlServer;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::Switch;
 use dpaa_vnic::ports::tap::TapPort;
-use dpaa_vnic::ports::vhost_user::{error_chain, GuestPort};
+use dpaa_vnic::ports::vhost_user::{error_chain, FilterConfig, GuestPort};
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
@@ -60,11 +60,16 @@ fn run(cfg: Config) -> ExitCode {
             max_queue_pairs: cfg.queue_pairs,
             mtu: cfg.mtu,
         };
+        let filter = FilterConfig {
+            layout: cfg.filter,
+            exact_limit: cfg.exact_limit,
+        };
         let port = Arc::new(GuestPort::new(
             id,
             g.socket.clone(),
             cfg.queue_pairs,
             net,
+            filter,
             switch.clone(),
         ));
         match port.bind() {

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
-use dpaa_vnic::ports::vhost_user::GuestPort;
+use dpaa_vnic::ports::vhost_user::{FilterConfig, GuestPort};
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -59,7 +60,11 @@ fn rig() -> Rig {
         max_queue_pairs: 1,
         mtu: 1500,
     };
-    let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, switch.clone()));
+    let filter = FilterConfig {
+        layout: Layout::Memac,
+        exact_limit: 4096,
+    };
+    let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, filter, switch.clone()));
     let sink = Arc::new(Sink::default());
     switch.attach(0, port.clone());
     switch.attach(1, sink.clone());
@@ -290,7 +295,7 @@ fn control_queue_applies_and_acks_commands() {
         let ack: u8 = g.mem.read_obj(GuestAddress(base + 0x800)).unwrap();
         assert_eq!(ack, i as u8, "command {cmd:?}");
     }
-    assert!(!r.port.ctrl.lock().unwrap().rx.mode.promisc);
+    assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
     let c = r.port.ctrl_stats.snapshot();
     assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::device::filter::model::{FilterStats, FilterView as HwFilterView};
 use crate::device::RxMode;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
@@ -35,6 +36,8 @@ pub struct PortStats {
     pub totals: QueueSnapshot,
     pub ctrl_commands: u64,
     pub ctrl_errors: u64,
+    #[serde(flatten)]
+    pub filter: FilterStats,
 }
 
 #[derive(Serialize)]
@@ -69,6 +72,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
             PortRef::Guest(g) => {
                 let (queues, totals) = queues(&g.stats);
                 let c = g.ctrl_stats.snapshot();
+                let filter = g.lock_ctrl().filter.stats();
                 PortStats {
                     id: g.id,
                     kind: "vhost-user",
@@ -79,6 +83,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     totals,
                     ctrl_commands: c.ctrl_commands,
                     ctrl_errors: c.ctrl_errors,
+                    filter,
                 }
             }
             PortRef::Tap(t) => {
@@ -93,6 +98,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     totals,
                     ctrl_commands: 0,
                     ctrl_errors: 0,
+                    filter: FilterStats::default(),
                 }
             }
         };
@@ -113,6 +119,8 @@ pub struct PortFilter {
     pub unicast: Vec<MacAddr>,
     pub multicast: Vec<MacAddr>,
     pub active_queue_pairs: u16,
+    /// The DPAA filter's side: layout, buckets in use with reference counts, overflow.
+    pub filter: HwFilterView,
 }
 
 #[derive(Serialize)]
@@ -125,16 +133,17 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
         .iter()
         .filter_map(|p| match p {
             PortRef::Guest(g) => {
-                let c = g.ctrl.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let n = g.lock_ctrl();
                 Some(PortFilter {
                     id: g.id,
                     name: g.socket.display().to_string(),
                     attachment: g.attachment(),
-                    mac: c.rx.mac,
-                    rx_mode: c.rx.mode,
-                    unicast: c.rx.unicast,
-                    multicast: c.rx.multicast,
-                    active_queue_pairs: c.active_queue_pairs,
+                    mac: n.ctrl.rx.mac,
+                    rx_mode: n.ctrl.rx.mode,
+                    unicast: n.ctrl.rx.unicast.clone(),
+                    multicast: n.ctrl.rx.multicast.clone(),
+                    active_queue_pairs: n.ctrl.active_queue_pairs,
+                    filter: n.filter.view(),
                 })
             }
             PortRef::Tap(_) => None,

@@ -5,8 +5,11 @@
 pub mod config;
 pub mod ctrl;
 pub mod features;
+pub mod filter;
+pub mod nic;
 pub mod rx_state;
 
 pub use config::NetConfig;
 pub use ctrl::{CtrlError, CtrlOutcome};
+pub use nic::NicState;
 pub use rx_state::{RxMode, RxState};

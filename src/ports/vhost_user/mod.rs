@@ -24,12 +24,14 @@ use self::backend::VnicBackend;
 use self::queue::{push_rx, RxError};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
-use crate::device::ctrl::CtrlState;
 use crate::device::features::Negotiated;
+use crate::device::filter::{FilterRegs, Layout, Verdict};
+use crate::device::NicState;
 use crate::pipeline::{Egress, Packet, Switch};
 use crate::stats::{CtrlStats, QueueStats};
 use crate::wire::checksum::complete_partial;
 use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
+use crate::wire::MacAddr;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Vring = VringRwLock<Mem>;
@@ -56,6 +58,14 @@ pub enum VhostPortError {
     Relay(#[source] proxy::ProxyError),
 }
 
+/// The receive filter a port models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilterConfig {
+    pub layout: Layout,
+    /// Multicast entries `Layout::Exact` keeps before it falls back to allmulti.
+    pub exact_limit: usize,
+}
+
 /// What the RX side of a connected guest needs; swapped in whole when a driver attaches.
 struct RxPath {
     vrings: Vec<Vring>,
@@ -71,8 +81,11 @@ pub struct GuestPort {
     pub config: NetConfig,
     pub stats: Vec<QueueStats>,
     pub ctrl_stats: CtrlStats,
-    /// Control-path state (rx mode, tables): only the control queue and `ctl` touch it.
-    pub ctrl: Mutex<CtrlState>,
+    /// Control-path state (rx mode, tables, filter model): only the control queue and `ctl`
+    /// touch it.
+    pub ctrl: Mutex<NicState>,
+    /// The filter registers every frame to this guest is checked against.
+    regs: Arc<FilterRegs>,
     connected: AtomicBool,
     acked: AtomicU64,
     rx: ArcSwapOption<RxPath>,
@@ -81,7 +94,15 @@ pub struct GuestPort {
 }
 
 impl GuestPort {
-    pub fn new(id: usize, socket: PathBuf, queue_pairs: u16, config: NetConfig, switch: Arc<Switch>) -> Self {
+    pub fn new(
+        id: usize,
+        socket: PathBuf,
+        queue_pairs: u16,
+        config: NetConfig,
+        filter: FilterConfig,
+        switch: Arc<Switch>,
+    ) -> Self {
+        let regs = Arc::new(FilterRegs::new(filter.layout, config.mac));
         GuestPort {
             id,
             socket,
@@ -89,7 +110,13 @@ impl GuestPort {
             config,
             stats: (0..queue_pairs).map(|_| QueueStats::default()).collect(),
             ctrl_stats: CtrlStats::default(),
-            ctrl: Mutex::new(CtrlState::new(config.mac, queue_pairs)),
+            ctrl: Mutex::new(NicState::new(
+                config.mac,
+                queue_pairs,
+                regs.clone(),
+                filter.exact_limit,
+            )),
+            regs,
             connected: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             rx: ArcSwapOption::empty(),
@@ -119,7 +146,7 @@ impl GuestPort {
         }
     }
 
-    fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, CtrlState> {
+    pub fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, NicState> {
         self.ctrl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -217,7 +244,7 @@ impl GuestPort {
     }
 
     fn reset(&self) {
-        *self.lock_ctrl() = CtrlState::new(self.config.mac, self.queue_pairs);
+        self.lock_ctrl().reset(self.config.mac);
     }
 
     fn detach(&self) {
@@ -242,6 +269,20 @@ impl Egress for GuestPort {
             q = 0;
         }
         let stats = &self.stats[q];
+        // The NIC's filter decides before anything is written into the guest.
+        let dst = MacAddr::from_slice(pkt.frame).unwrap_or(MacAddr::BROADCAST);
+        match self.regs.classify(&dst) {
+            Verdict::Reject => {
+                stats.rx_filtered.inc();
+                return;
+            }
+            Verdict::Accept => {}
+            Verdict::Multicast => stats.rx_mcast_accepted.inc(),
+            Verdict::FalsePositive => {
+                stats.rx_mcast_accepted.inc();
+                stats.rx_hash_false_positive.inc();
+            }
+        }
         if pkt.hdr.needs_csum() && !rx.feat.guest_csum() {
             // The guest cannot take a partial checksum: finish it here.
             match complete_partial(pkt.frame, pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into()) {

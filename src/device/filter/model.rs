@@ -1,0 +1,462 @@
+//! The filter as the driver keeps it: the guest's address sets, per-bucket reference counts,
+//! and the sync that turns each full list into adds and removes against the current state.
+//!
+//! Every MAC_TABLE_SET carries the guest's complete lists. A sync walks them once, stamping
+//! each known address with the sync's generation and adding unknown ones; whatever keeps an
+//! old stamp afterwards was removed. O(N) to compare, O(changes) register updates: the
+//! registers are never rebuilt, as Linux's `__dev_mc_sync` replaced "remove all, add all".
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::hash::{self, MAX_BUCKETS};
+use super::regs::{mode_flags, FilterRegs, F_MC_OVERFLOW, F_UC_OVERFLOW, TABLE_MAX};
+use super::Layout;
+use crate::device::RxMode;
+use crate::wire::MacAddr;
+
+/// Exact-match address registers for unicast besides the station address (the mEMAC has 7).
+pub const UNICAST_EXACT: usize = 7;
+/// Default `--exact-limit`: multicast entries the exact layout keeps before allmulti.
+pub const DEFAULT_EXACT_LIMIT: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    generation: u64,
+    in_table: bool,
+}
+
+/// What one sync changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SyncReport {
+    pub adds: u64,
+    pub removes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FilterStats {
+    pub filter_syncs: u64,
+    pub filter_adds: u64,
+    pub filter_removes: u64,
+}
+
+/// `ctl filter`'s view of the hardware side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilterView {
+    pub layout: Layout,
+    pub exact_limit: usize,
+    /// Multicast beyond what the layout keeps: the port behaves as allmulti.
+    pub mc_overflow: bool,
+    /// Unicast beyond the exact registers and no unicast hash: the port accepts all unicast.
+    pub uc_overflow: bool,
+    pub buckets_total: usize,
+    /// Buckets in use with the number of addresses in each.
+    pub buckets: Vec<(usize, u32)>,
+    pub exact_unicast: Vec<MacAddr>,
+    pub stats: FilterStats,
+}
+
+pub struct Filter {
+    regs: Arc<FilterRegs>,
+    layout: Layout,
+    exact_limit: usize,
+    station: MacAddr,
+    mode: RxMode,
+    generation: u64,
+    uc: HashMap<MacAddr, Entry>,
+    mc: HashMap<MacAddr, Entry>,
+    refs: Vec<u32>,
+    in_table: usize,
+    /// Reused between syncs so a steady-state sync allocates nothing.
+    scratch: Vec<MacAddr>,
+    stats: FilterStats,
+}
+
+impl Filter {
+    pub fn new(regs: Arc<FilterRegs>, exact_limit: usize, station: MacAddr) -> Self {
+        let layout = regs.layout();
+        regs.clear(station);
+        Filter {
+            regs,
+            layout,
+            exact_limit,
+            station,
+            mode: RxMode::default(),
+            generation: 0,
+            uc: HashMap::new(),
+            mc: HashMap::new(),
+            refs: vec![0; MAX_BUCKETS],
+            in_table: 0,
+            scratch: Vec::new(),
+            stats: FilterStats::default(),
+        }
+    }
+
+    pub fn regs(&self) -> &Arc<FilterRegs> {
+        &self.regs
+    }
+
+    pub fn stats(&self) -> FilterStats {
+        self.stats
+    }
+
+    /// Back to the state after reset, keeping the counters.
+    pub fn reset(&mut self, station: MacAddr) {
+        let stats = self.stats;
+        *self = Filter::new(self.regs.clone(), self.exact_limit, station);
+        self.stats = stats;
+    }
+
+    pub fn set_mode(&mut self, mode: RxMode) {
+        self.mode = mode;
+        self.publish_flags();
+    }
+
+    pub fn set_station(&mut self, mac: MacAddr) {
+        self.station = mac;
+        self.regs.set_station(mac);
+    }
+
+    fn publish_flags(&self) {
+        let mut f = mode_flags(&self.mode);
+        let mc_fits = match self.layout {
+            Layout::Exact => self.mc.len() <= self.exact_limit.min(TABLE_MAX),
+            _ => true,
+        };
+        if !mc_fits {
+            f |= F_MC_OVERFLOW;
+        }
+        if self.layout != Layout::Dtsec && self.uc.len() > UNICAST_EXACT {
+            f |= F_UC_OVERFLOW;
+        }
+        self.regs.set_flags(f);
+    }
+
+    /// Brings the filter to the guest's full lists (one MAC_TABLE_SET).
+    pub fn sync(&mut self, unicast: &[MacAddr], multicast: &[MacAddr]) -> SyncReport {
+        self.generation += 1;
+        let g = self.generation;
+        let mut report = SyncReport::default();
+        for (list, is_mc) in [(unicast, false), (multicast, true)] {
+            for mac in list {
+                let known = if is_mc {
+                    self.mc.get_mut(mac)
+                } else {
+                    self.uc.get_mut(mac)
+                };
+                match known {
+                    Some(e) => e.generation = g,
+                    None => {
+                        let in_table = self.hw_add(mac);
+                        let e = Entry {
+                            generation: g,
+                            in_table,
+                        };
+                        if is_mc {
+                            self.mc.insert(*mac, e);
+                        } else {
+                            self.uc.insert(*mac, e);
+                        }
+                        report.adds += 1;
+                    }
+                }
+            }
+        }
+        for is_mc in [false, true] {
+            let mut gone = std::mem::take(&mut self.scratch);
+            gone.clear();
+            let map = if is_mc { &self.mc } else { &self.uc };
+            gone.extend(map.iter().filter(|(_, e)| e.generation != g).map(|(m, _)| *m));
+            for mac in &gone {
+                let removed = if is_mc {
+                    self.mc.remove(mac)
+                } else {
+                    self.uc.remove(mac)
+                };
+                if let Some(e) = removed {
+                    self.hw_remove(mac, e.in_table);
+                    report.removes += 1;
+                }
+            }
+            self.scratch = gone;
+        }
+        self.publish_flags();
+        self.stats.filter_syncs += 1;
+        self.stats.filter_adds += report.adds;
+        self.stats.filter_removes += report.removes;
+        report
+    }
+
+    fn hw_add(&mut self, mac: &MacAddr) -> bool {
+        if let Some(b) = hash::bucket(self.layout, mac) {
+            self.refs[b] += 1;
+            if self.refs[b] == 1 {
+                self.regs.set_bucket(b, true);
+            }
+        }
+        if self.in_table < TABLE_MAX {
+            self.regs.insert(mac);
+            self.in_table += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn hw_remove(&mut self, mac: &MacAddr, in_table: bool) {
+        if let Some(b) = hash::bucket(self.layout, mac) {
+            // A bucket is cleared only when its last address goes: others may still need it.
+            self.refs[b] = self.refs[b].saturating_sub(1);
+            if self.refs[b] == 0 {
+                self.regs.set_bucket(b, false);
+            }
+        }
+        if in_table {
+            self.regs.remove(mac);
+            self.in_table -= 1;
+        }
+    }
+
+    pub fn view(&self) -> FilterView {
+        let f = self.regs.flags();
+        let mut exact_unicast: Vec<MacAddr> =
+            if hash::bucket(self.layout, &MacAddr([2, 0, 0, 0, 0, 0])).is_none() {
+                self.uc.keys().copied().collect()
+            } else {
+                Vec::new()
+            };
+        exact_unicast.sort();
+        FilterView {
+            layout: self.layout,
+            exact_limit: self.exact_limit,
+            mc_overflow: f & F_MC_OVERFLOW != 0,
+            uc_overflow: f & F_UC_OVERFLOW != 0,
+            buckets_total: hash::bucket_count(self.layout),
+            buckets: self
+                .refs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| **r > 0)
+                .map(|(b, r)| (b, *r))
+                .collect(),
+            exact_unicast,
+            stats: self.stats,
+        }
+    }
+
+    /// Reference counts per bucket (for tests and `ctl filter`).
+    pub fn refs(&self) -> &[u32] {
+        &self.refs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::filter::Verdict;
+    use proptest::prelude::*;
+
+    fn filter(layout: Layout, limit: usize) -> Filter {
+        Filter::new(
+            Arc::new(FilterRegs::new(layout, MacAddr([0x52, 0x54, 0, 0, 0, 1]))),
+            limit,
+            MacAddr([0x52, 0x54, 0, 0, 0, 1]),
+        )
+    }
+
+    fn mc(i: u64) -> MacAddr {
+        MacAddr::from_u64(0x0100_5e00_0000 + i)
+    }
+
+    #[test]
+    fn sync_applies_only_changes() {
+        let mut f = filter(Layout::Memac, DEFAULT_EXACT_LIMIT);
+        let list: Vec<MacAddr> = (0..1000).map(mc).collect();
+        assert_eq!(
+            f.sync(&[], &list),
+            SyncReport {
+                adds: 1000,
+                removes: 0
+            }
+        );
+        // The same list again: nothing to do. One more, one less: two operations.
+        assert_eq!(f.sync(&[], &list), SyncReport::default());
+        let mut next = list[1..].to_vec();
+        next.push(mc(5000));
+        assert_eq!(f.sync(&[], &next), SyncReport { adds: 1, removes: 1 });
+        assert_eq!(
+            f.stats(),
+            FilterStats {
+                filter_syncs: 3,
+                filter_adds: 1001,
+                filter_removes: 1
+            }
+        );
+        assert_eq!(f.refs().iter().sum::<u32>(), 1000);
+    }
+
+    #[test]
+    fn shared_bucket_survives_one_removal() {
+        let mut f = filter(Layout::Memac, DEFAULT_EXACT_LIMIT);
+        f.set_mode(RxMode {
+            promisc: false,
+            ..RxMode::default()
+        });
+        // Two groups that share a bucket, and one that does not.
+        let a = mc(1);
+        let b = (2..10_000)
+            .map(mc)
+            .find(|m| hash::memac(m) == hash::memac(&a))
+            .unwrap();
+        let c = (2..10_000)
+            .map(mc)
+            .find(|m| hash::memac(m) != hash::memac(&a))
+            .unwrap();
+        f.sync(&[], &[a, b]);
+        f.sync(&[], &[b]);
+        assert_eq!(f.regs().classify(&b), Verdict::Multicast);
+        // a's bucket is still set for b: a is now a hash false positive, not rejected.
+        assert_eq!(f.regs().classify(&a), Verdict::FalsePositive);
+        f.sync(&[], &[]);
+        assert_eq!(f.regs().classify(&b), Verdict::Reject);
+        assert_eq!(f.regs().classify(&c), Verdict::Reject);
+    }
+
+    #[test]
+    fn exact_layout_overflows_to_allmulti_and_back() {
+        let mut f = filter(Layout::Exact, 4);
+        f.set_mode(RxMode {
+            promisc: false,
+            ..RxMode::default()
+        });
+        let list: Vec<MacAddr> = (0..5).map(mc).collect();
+        f.sync(&[], &list[..4]);
+        assert_eq!(f.regs().classify(&mc(9)), Verdict::Reject);
+        assert!(!f.view().mc_overflow);
+        f.sync(&[], &list);
+        assert!(f.view().mc_overflow);
+        assert_eq!(f.regs().classify(&mc(9)), Verdict::Multicast);
+        f.sync(&[], &list[..2]);
+        assert_eq!(f.regs().classify(&mc(9)), Verdict::Reject);
+        assert_eq!(f.regs().classify(&mc(1)), Verdict::Multicast);
+    }
+
+    #[test]
+    fn unicast_exact_registers_then_alluni() {
+        let mut f = filter(Layout::Memac, DEFAULT_EXACT_LIMIT);
+        f.set_mode(RxMode {
+            promisc: false,
+            ..RxMode::default()
+        });
+        let uc: Vec<MacAddr> = (0..8u64)
+            .map(|i| MacAddr::from_u64(0x0200_0000_0000 + i))
+            .collect();
+        f.sync(&uc[..7], &[]);
+        assert_eq!(f.regs().classify(&uc[3]), Verdict::Accept);
+        assert_eq!(
+            f.regs().classify(&MacAddr::from_u64(0x0200_0000_0100)),
+            Verdict::Reject
+        );
+        f.sync(&uc, &[]);
+        assert!(f.view().uc_overflow);
+        assert_eq!(
+            f.regs().classify(&MacAddr::from_u64(0x0200_0000_0100)),
+            Verdict::Accept
+        );
+        assert_eq!(
+            f.regs().classify(&MacAddr([0x52, 0x54, 0, 0, 0, 1])),
+            Verdict::Accept
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Tables(Vec<u8>, Vec<u8>),
+        Mode(u8, bool),
+        Station(u8),
+    }
+
+    fn addr(i: u8, multicast: bool) -> MacAddr {
+        // A small universe so that lists overlap and buckets collide.
+        if multicast {
+            if i % 5 == 0 {
+                MacAddr([0x33, 0x33, 0, 0, 0, i])
+            } else {
+                MacAddr([0x01, 0x00, 0x5e, 0, i % 3, i])
+            }
+        } else {
+            MacAddr([0x02, 0, 0, 0, i % 4, i])
+        }
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (proptest::collection::vec(0u8..24, 0..10), proptest::collection::vec(0u8..48, 0..40))
+                .prop_map(|(u, m)| Op::Tables(u, m)),
+            2 => (0u8..6, any::<bool>()).prop_map(|(f, on)| Op::Mode(f, on)),
+            1 => (0u8..24).prop_map(Op::Station),
+        ]
+    }
+
+    fn set_flag(m: &mut RxMode, f: u8, on: bool) {
+        *[
+            &mut m.promisc,
+            &mut m.allmulti,
+            &mut m.alluni,
+            &mut m.nomulti,
+            &mut m.nouni,
+            &mut m.nobcast,
+        ][f as usize] = on;
+    }
+
+    proptest! {
+        /// After any sequence of table sets and mode commands, the incrementally kept filter
+        /// equals one built from scratch from the final state, in every layout.
+        #[test]
+        fn incremental_equals_from_scratch(ops in proptest::collection::vec(op(), 1..30)) {
+            for layout in [Layout::Exact, Layout::Memac, Layout::Dtsec, Layout::DtsecExtended] {
+                let mut inc = filter(layout, 12);
+                let (mut uc, mut mcl, mut mode, mut station) =
+                    (Vec::new(), Vec::new(), RxMode::default(), MacAddr([0x52, 0x54, 0, 0, 0, 1]));
+                for o in &ops {
+                    match o {
+                        Op::Tables(u, m) => {
+                            uc = u.iter().map(|i| addr(*i, false)).collect();
+                            mcl = m.iter().map(|i| addr(*i, true)).collect();
+                            inc.sync(&uc, &mcl);
+                        }
+                        Op::Mode(f, on) => {
+                            set_flag(&mut mode, *f, *on);
+                            inc.set_mode(mode);
+                        }
+                        Op::Station(i) => {
+                            station = addr(*i, false);
+                            inc.set_station(station);
+                        }
+                    }
+                }
+                let mut scratch = filter(layout, 12);
+                scratch.set_station(station);
+                scratch.set_mode(mode);
+                scratch.sync(&uc, &mcl);
+                prop_assert_eq!(inc.refs(), scratch.refs());
+                prop_assert_eq!(inc.regs().flags(), scratch.regs().flags());
+                for b in 0..MAX_BUCKETS {
+                    prop_assert_eq!(inc.regs().bucket_set(b), scratch.regs().bucket_set(b));
+                }
+                let mut v1 = inc.view();
+                let mut v2 = scratch.view();
+                v1.stats = FilterStats::default();
+                v2.stats = FilterStats::default();
+                prop_assert_eq!(v1, v2);
+                for i in 0..=255u8 {
+                    for m in [addr(i, true), addr(i, false), MacAddr::BROADCAST] {
+                        prop_assert_eq!(inc.regs().classify(&m), scratch.regs().classify(&m), "{} {}", layout, m);
+                    }
+                }
+            }
+        }
+    }
+}
