@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// Multicast entries the exact filter keeps before it falls back to allmulti.
     #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
     pub exact_limit: usize,
+    /// Microseconds the control queue keeps polling for the next command after serving one
+    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands.
+    #[arg(long, default_value_t = 200, value_name = "US")]
+    pub ctrl_poll_us: u64,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -95,6 +99,8 @@ pub enum ConfigError {
     TapName(String),
     #[error("--socket {0} is given twice")]
     DuplicateSocket(String),
+    #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
+    CtrlPoll(u64),
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -115,6 +121,7 @@ pub struct Config {
     pub control: Option<PathBuf>,
     pub filter: Layout,
     pub exact_limit: usize,
+    pub ctrl_poll_us: u64,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -148,6 +155,9 @@ impl TryFrom<RunArgs> for Config {
                 return Err(ConfigError::TapName(t.clone()));
             }
         }
+        if a.ctrl_poll_us > 100_000 {
+            return Err(ConfigError::CtrlPoll(a.ctrl_poll_us));
+        }
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
             return Err(ConfigError::ExactLimit(a.exact_limit));
         }
@@ -173,6 +183,7 @@ impl TryFrom<RunArgs> for Config {
             control: a.control,
             filter: a.filter,
             exact_limit: a.exact_limit,
+            ctrl_poll_us: a.ctrl_poll_us,
         })
     }
 }

@@ -63,6 +63,7 @@ fn run(cfg: Config) -> ExitCode {
         let filter = FilterConfig {
             layout: cfg.filter,
             exact_limit: cfg.exact_limit,
+            ctrl_poll: std::time::Duration::from_micros(cfg.ctrl_poll_us),
         };
         let port = Arc::new(GuestPort::new(
             id,

@@ -74,12 +74,16 @@ queue_counters!(
 pub struct CtrlStats {
     pub ctrl_commands: Counter,
     pub ctrl_errors: Counter,
+    /// Nanoseconds from popping a command to returning it with its ack (parse, apply,
+    /// filter sync): the daemon's share of the time a guest waits on its control queue.
+    pub ctrl_busy_ns: Counter,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CtrlSnapshot {
     pub ctrl_commands: u64,
     pub ctrl_errors: u64,
+    pub ctrl_busy_ns: u64,
 }
 
 impl CtrlStats {
@@ -87,6 +91,7 @@ impl CtrlStats {
         CtrlSnapshot {
             ctrl_commands: self.ctrl_commands.get(),
             ctrl_errors: self.ctrl_errors.get(),
+            ctrl_busy_ns: self.ctrl_busy_ns.get(),
         }
     }
 }

@@ -63,6 +63,7 @@ fn rig() -> Rig {
     let filter = FilterConfig {
         layout: Layout::Memac,
         exact_limit: 4096,
+        ctrl_poll: std::time::Duration::from_micros(200),
     };
     let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, filter, switch.clone()));
     let sink = Arc::new(Sink::default());

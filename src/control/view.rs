@@ -36,6 +36,7 @@ pub struct PortStats {
     pub totals: QueueSnapshot,
     pub ctrl_commands: u64,
     pub ctrl_errors: u64,
+    pub ctrl_busy_ns: u64,
     #[serde(flatten)]
     pub filter: FilterStats,
 }
@@ -83,6 +84,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     totals,
                     ctrl_commands: c.ctrl_commands,
                     ctrl_errors: c.ctrl_errors,
+                    ctrl_busy_ns: c.ctrl_busy_ns,
                     filter,
                 }
             }
@@ -98,6 +100,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     totals,
                     ctrl_commands: 0,
                     ctrl_errors: 0,
+                    ctrl_busy_ns: 0,
                     filter: FilterStats::default(),
                 }
             }

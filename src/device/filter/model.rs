@@ -1,10 +1,12 @@
 //! The filter as the driver keeps it: the guest's address sets, per-bucket reference counts,
 //! and the sync that turns each full list into adds and removes against the current state.
 //!
-//! Every MAC_TABLE_SET carries the guest's complete lists. A sync walks them once, stamping
-//! each known address with the sync's generation and adding unknown ones; whatever keeps an
-//! old stamp afterwards was removed. O(N) to compare, O(changes) register updates: the
-//! registers are never rebuilt, as Linux's `__dev_mc_sync` replaced "remove all, add all".
+//! Every MAC_TABLE_SET carries the guest's complete lists. A sync compares each list with the
+//! previous one: the common prefix and suffix are skipped at slice-compare speed (a driver
+//! keeps its list in order and appends new addresses), and only the window in between goes
+//! through the per-address occurrence counts. O(N) to compare, O(changes) map and register
+//! updates: the registers are never rebuilt, as Linux's `__dev_mc_sync` replaced "remove
+//! all, add all". Counting occurrences keeps it exact when a list repeats or reorders.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +26,17 @@ pub const DEFAULT_EXACT_LIMIT: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    generation: u64,
+    /// Occurrences in the driver's current list.
+    count: u32,
     in_table: bool,
+}
+
+/// The registers and what the model knows about them.
+struct Hw {
+    regs: Arc<FilterRegs>,
+    layout: Layout,
+    refs: Vec<u32>,
+    in_table: usize,
 }
 
 /// What one sync changed.
@@ -59,18 +70,17 @@ pub struct FilterView {
 }
 
 pub struct Filter {
+    hw: Hw,
     regs: Arc<FilterRegs>,
     layout: Layout,
     exact_limit: usize,
     station: MacAddr,
     mode: RxMode,
-    generation: u64,
     uc: HashMap<MacAddr, Entry>,
     mc: HashMap<MacAddr, Entry>,
-    refs: Vec<u32>,
-    in_table: usize,
-    /// Reused between syncs so a steady-state sync allocates nothing.
-    scratch: Vec<MacAddr>,
+    /// The lists as the driver last sent them, to diff the next ones against.
+    prev_uc: Vec<MacAddr>,
+    prev_mc: Vec<MacAddr>,
     stats: FilterStats,
 }
 
@@ -79,17 +89,21 @@ impl Filter {
         let layout = regs.layout();
         regs.clear(station);
         Filter {
+            hw: Hw {
+                regs: regs.clone(),
+                layout,
+                refs: vec![0; MAX_BUCKETS],
+                in_table: 0,
+            },
             regs,
             layout,
             exact_limit,
             station,
             mode: RxMode::default(),
-            generation: 0,
             uc: HashMap::new(),
             mc: HashMap::new(),
-            refs: vec![0; MAX_BUCKETS],
-            in_table: 0,
-            scratch: Vec::new(),
+            prev_uc: Vec::new(),
+            prev_mc: Vec::new(),
             stats: FilterStats::default(),
         }
     }
@@ -136,87 +150,26 @@ impl Filter {
 
     /// Brings the filter to the guest's full lists (one MAC_TABLE_SET).
     pub fn sync(&mut self, unicast: &[MacAddr], multicast: &[MacAddr]) -> SyncReport {
-        self.generation += 1;
-        let g = self.generation;
         let mut report = SyncReport::default();
-        for (list, is_mc) in [(unicast, false), (multicast, true)] {
-            for mac in list {
-                let known = if is_mc {
-                    self.mc.get_mut(mac)
-                } else {
-                    self.uc.get_mut(mac)
-                };
-                match known {
-                    Some(e) => e.generation = g,
-                    None => {
-                        let in_table = self.hw_add(mac);
-                        let e = Entry {
-                            generation: g,
-                            in_table,
-                        };
-                        if is_mc {
-                            self.mc.insert(*mac, e);
-                        } else {
-                            self.uc.insert(*mac, e);
-                        }
-                        report.adds += 1;
-                    }
-                }
-            }
-        }
-        for is_mc in [false, true] {
-            let mut gone = std::mem::take(&mut self.scratch);
-            gone.clear();
-            let map = if is_mc { &self.mc } else { &self.uc };
-            gone.extend(map.iter().filter(|(_, e)| e.generation != g).map(|(m, _)| *m));
-            for mac in &gone {
-                let removed = if is_mc {
-                    self.mc.remove(mac)
-                } else {
-                    self.uc.remove(mac)
-                };
-                if let Some(e) = removed {
-                    self.hw_remove(mac, e.in_table);
-                    report.removes += 1;
-                }
-            }
-            self.scratch = gone;
-        }
+        sync_list(
+            &mut self.hw,
+            &mut self.uc,
+            &mut self.prev_uc,
+            unicast,
+            &mut report,
+        );
+        sync_list(
+            &mut self.hw,
+            &mut self.mc,
+            &mut self.prev_mc,
+            multicast,
+            &mut report,
+        );
         self.publish_flags();
         self.stats.filter_syncs += 1;
         self.stats.filter_adds += report.adds;
         self.stats.filter_removes += report.removes;
         report
-    }
-
-    fn hw_add(&mut self, mac: &MacAddr) -> bool {
-        if let Some(b) = hash::bucket(self.layout, mac) {
-            self.refs[b] += 1;
-            if self.refs[b] == 1 {
-                self.regs.set_bucket(b, true);
-            }
-        }
-        if self.in_table < TABLE_MAX {
-            self.regs.insert(mac);
-            self.in_table += 1;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn hw_remove(&mut self, mac: &MacAddr, in_table: bool) {
-        if let Some(b) = hash::bucket(self.layout, mac) {
-            // A bucket is cleared only when its last address goes: others may still need it.
-            self.refs[b] = self.refs[b].saturating_sub(1);
-            if self.refs[b] == 0 {
-                self.regs.set_bucket(b, false);
-            }
-        }
-        if in_table {
-            self.regs.remove(mac);
-            self.in_table -= 1;
-        }
     }
 
     pub fn view(&self) -> FilterView {
@@ -235,6 +188,7 @@ impl Filter {
             uc_overflow: f & F_UC_OVERFLOW != 0,
             buckets_total: hash::bucket_count(self.layout),
             buckets: self
+                .hw
                 .refs
                 .iter()
                 .enumerate()
@@ -248,7 +202,83 @@ impl Filter {
 
     /// Reference counts per bucket (for tests and `ctl filter`).
     pub fn refs(&self) -> &[u32] {
-        &self.refs
+        &self.hw.refs
+    }
+}
+
+/// Diffs one list against the previous one and applies the changes.
+fn sync_list(
+    hw: &mut Hw,
+    map: &mut HashMap<MacAddr, Entry>,
+    prev: &mut Vec<MacAddr>,
+    next: &[MacAddr],
+    report: &mut SyncReport,
+) {
+    let prefix = prev.iter().zip(next).take_while(|(a, b)| a == b).count();
+    let suffix = prev[prefix..]
+        .iter()
+        .rev()
+        .zip(next[prefix..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let gone = &prev[prefix..prev.len() - suffix];
+    let came = &next[prefix..next.len() - suffix];
+    // Count arrivals before departures, so an address that only moved never drops to zero.
+    for mac in came {
+        let e = map.entry(*mac).or_insert(Entry {
+            count: 0,
+            in_table: false,
+        });
+        e.count += 1;
+        if e.count == 1 {
+            e.in_table = hw.add(mac);
+            report.adds += 1;
+        }
+    }
+    for mac in gone {
+        if let Some(e) = map.get_mut(mac) {
+            e.count -= 1;
+            if e.count == 0 {
+                let in_table = e.in_table;
+                map.remove(mac);
+                hw.remove(mac, in_table);
+                report.removes += 1;
+            }
+        }
+    }
+    prev.clear();
+    prev.extend_from_slice(next);
+}
+
+impl Hw {
+    fn add(&mut self, mac: &MacAddr) -> bool {
+        if let Some(b) = hash::bucket(self.layout, mac) {
+            self.refs[b] += 1;
+            if self.refs[b] == 1 {
+                self.regs.set_bucket(b, true);
+            }
+        }
+        if self.in_table < TABLE_MAX {
+            self.regs.insert(mac);
+            self.in_table += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn remove(&mut self, mac: &MacAddr, in_table: bool) {
+        if let Some(b) = hash::bucket(self.layout, mac) {
+            // A bucket is cleared only when its last address goes: others may still need it.
+            self.refs[b] = self.refs[b].saturating_sub(1);
+            if self.refs[b] == 0 {
+                self.regs.set_bucket(b, false);
+            }
+        }
+        if in_table {
+            self.regs.remove(mac);
+            self.in_table -= 1;
+        }
     }
 }
 

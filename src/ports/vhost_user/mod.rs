@@ -64,6 +64,8 @@ pub struct FilterConfig {
     pub layout: Layout,
     /// Multicast entries `Layout::Exact` keeps before it falls back to allmulti.
     pub exact_limit: usize,
+    /// How long the control queue's thread keeps polling for the next command after one.
+    pub ctrl_poll: std::time::Duration,
 }
 
 /// What the RX side of a connected guest needs; swapped in whole when a driver attaches.
@@ -91,6 +93,7 @@ pub struct GuestPort {
     rx: ArcSwapOption<RxPath>,
     switch: Arc<Switch>,
     warn: WarnLimiter,
+    ctrl_poll: std::time::Duration,
 }
 
 impl GuestPort {
@@ -122,6 +125,7 @@ impl GuestPort {
             rx: ArcSwapOption::empty(),
             switch,
             warn: WarnLimiter::default(),
+            ctrl_poll: filter.ctrl_poll,
         }
     }
 
