@@ -1,0 +1,61 @@
+//! Cost of one filter sync against the table size N, for the changes a guest makes: none,
+//! one join (address appended), one leave (address removed from the middle), and a full
+//! replacement; against the baseline of rebuilding the filter from scratch for the same
+//! table (what "remove all, add all" drivers did). Also the per-frame accept decision.
+//!
+//! cargo bench --bench filter
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use dpaa_vnic::device::filter::{Filter, FilterRegs, Layout};
+use dpaa_vnic::wire::MacAddr;
+
+fn groups(n: usize, base: u64) -> Vec<MacAddr> {
+    (0..n as u64).map(|i| MacAddr::from_u64(0x0100_5e00_0000 + base + i)).collect()
+}
+
+fn filter_with(list: &[MacAddr]) -> Filter {
+    let mac = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+    let mut f = Filter::new(Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096, mac);
+    f.sync(&[], list);
+    f
+}
+
+fn bench_sync(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sync");
+    for n in [100usize, 1000, 10_000] {
+        let list = groups(n, 0);
+        let mut joined = list.clone();
+        joined.push(MacAddr::from_u64(0x0100_5e7f_0000));
+        let mut left = list.clone();
+        left.remove(n / 2);
+        let other = groups(n, 0x10_0000);
+        for (name, next) in [("unchanged", &list), ("one join", &joined), ("one leave", &left), ("all replaced", &other)] {
+            g.bench_with_input(BenchmarkId::new(name, n), next, |b, next| {
+                b.iter_batched_ref(|| filter_with(&list), |f| black_box(f.sync(&[], next)), BatchSize::LargeInput)
+            });
+        }
+        // Baseline: the same one-join table applied by rebuilding from scratch.
+        g.bench_with_input(BenchmarkId::new("rebuild (baseline)", n), &joined, |b, next| {
+            b.iter(|| black_box(filter_with(next)))
+        });
+    }
+    g.finish();
+}
+
+fn bench_classify(c: &mut Criterion) {
+    let f = filter_with(&groups(2000, 0));
+    let hit = MacAddr::from_u64(0x0100_5e00_0100);
+    let miss = MacAddr::from_u64(0x0100_5e40_0000);
+    let uni = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+    let mut g = c.benchmark_group("classify (2000 groups, memac)");
+    g.bench_function("joined group", |b| b.iter(|| f.regs().classify(black_box(&hit))));
+    g.bench_function("other group", |b| b.iter(|| f.regs().classify(black_box(&miss))));
+    g.bench_function("station unicast", |b| b.iter(|| f.regs().classify(black_box(&uni))));
+    g.finish();
+}
+
+criterion_group!(benches, bench_sync, bench_classify);
+criterion_main!(benches);
