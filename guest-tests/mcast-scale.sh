@@ -5,6 +5,7 @@
 # per leave (incremental sync: a rebuild would do about N^2/2). Join and leave times per
 # batch of 500 go to the report.
 # Cases: "MODE FIRST_GROUP COUNT [SOURCES]"; VNIC_SCALE_CASES overrides.
+# vnic-kernels: bookworm trixie-bpo
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run

@@ -47,8 +47,8 @@ trap 'exit 130' INT TERM
 setup_run() {
     [[ -x $VNIC_BIN ]] || die "$VNIC_BIN missing: build with cargo build --release"
     [[ -f $QEMU_ROOT/.vnic-ready && -f $GUEST_DIR/base.cpio ]] || die "guest assets missing: run scripts/provision"
-    mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest"
-    cp -u "$GUEST_DIR/vmlinux" "$QEMU_ROOT/vnic/guest/vmlinux"
+    mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest/$VNIC_KERNEL"
+    cp -u "$GUEST_DIR/kernel" "$QEMU_ROOT/vnic/guest/$VNIC_KERNEL/kernel"
 }
 
 # make_netns NAME: a network namespace for the test, removed on exit, IPv6 off so that
@@ -150,7 +150,7 @@ start_guest() {
     timeout "$GUEST_TIMEOUT" "${pre[@]}" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
         -nographic -no-reboot -nodefaults -serial stdio \
         -machine q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=256M,share=on \
-        -kernel /vnic/guest/vmlinux -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
+        -kernel "/vnic/guest/$VNIC_KERNEL/kernel" -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
         -append "console=ttyS0 quiet panic=-1 vnic.name=$name" \
         "${chardev[@]}" $nic \
         </dev/null >"$RUN_DIR/$name.log" 2>&1 &

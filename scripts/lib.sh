@@ -6,7 +6,12 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE_DIR=${VNIC_CACHE:-$REPO_ROOT/.cache}
 # The trixie rootfs that carries QEMU >= 10.2 (needed for the device attachment).
 QEMU_ROOT=$CACHE_DIR/qemu-root
-GUEST_DIR=$CACHE_DIR/guest
+# Guest kernels: bookworm (Debian 12's 6.1, without the igmp mc_hash change) and trixie-bpo
+# (trixie-backports' 7.x, with it). VNIC_KERNEL picks the one a guest boots.
+GUEST_KERNELS=(bookworm trixie-bpo)
+VNIC_KERNEL=${VNIC_KERNEL:-bookworm}
+guest_dir() { echo "$CACHE_DIR/guest-$1"; }
+GUEST_DIR=$(guest_dir "$VNIC_KERNEL")
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
