@@ -13,7 +13,9 @@ use dpaa_vnic::device::filter::{Filter, FilterRegs, Layout};
 use dpaa_vnic::wire::MacAddr;
 
 fn groups(n: usize, base: u64) -> Vec<MacAddr> {
-    (0..n as u64).map(|i| MacAddr::from_u64(0x0100_5e00_0000 + base + i)).collect()
+    (0..n as u64)
+        .map(|i| MacAddr::from_u64(0x0100_5e00_0000 + base + i))
+        .collect()
 }
 
 fn filter_with(list: &[MacAddr]) -> Filter {
@@ -32,9 +34,18 @@ fn bench_sync(c: &mut Criterion) {
         let mut left = list.clone();
         left.remove(n / 2);
         let other = groups(n, 0x10_0000);
-        for (name, next) in [("unchanged", &list), ("one join", &joined), ("one leave", &left), ("all replaced", &other)] {
+        for (name, next) in [
+            ("unchanged", &list),
+            ("one join", &joined),
+            ("one leave", &left),
+            ("all replaced", &other),
+        ] {
             g.bench_with_input(BenchmarkId::new(name, n), next, |b, next| {
-                b.iter_batched_ref(|| filter_with(&list), |f| black_box(f.sync(&[], next)), BatchSize::LargeInput)
+                b.iter_batched_ref(
+                    || filter_with(&list),
+                    |f| black_box(f.sync(&[], next)),
+                    BatchSize::LargeInput,
+                )
             });
         }
         // Baseline: the same one-join table applied by rebuilding from scratch.
@@ -53,7 +64,9 @@ fn bench_classify(c: &mut Criterion) {
     let mut g = c.benchmark_group("classify (2000 groups, memac)");
     g.bench_function("joined group", |b| b.iter(|| f.regs().classify(black_box(&hit))));
     g.bench_function("other group", |b| b.iter(|| f.regs().classify(black_box(&miss))));
-    g.bench_function("station unicast", |b| b.iter(|| f.regs().classify(black_box(&uni))));
+    g.bench_function("station unicast", |b| {
+        b.iter(|| f.regs().classify(black_box(&uni)))
+    });
     g.finish();
 }
 
