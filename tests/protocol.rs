@@ -272,6 +272,62 @@ fn rx_frame_is_written_with_header_and_signalled() {
     assert!(s.rx_dropped >= 1);
 }
 
+/// A guest that did not negotiate GUEST_CSUM gets partial checksums completed by the port.
+#[test]
+fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    rxq.add_desc_chains(
+        &[d(0x11_0000, 2048, F_WRITE, 0), d(0x11_1000, 2048, F_WRITE, 0)],
+        0,
+    )
+    .unwrap();
+    g.kick[0].write(1).unwrap();
+    // Ethernet + IPv4 (20) + UDP (8) + 6 bytes; the UDP checksum field holds the
+    // pseudo-header sum, as a sender with checksum offload leaves it.
+    let mut f = frame("52:54:00:d0:aa:01", 14 + 20 + 8 + 6);
+    f[14..34].copy_from_slice(&[
+        0x45, 0, 0, 34, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ]);
+    f[34..42].copy_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 14, 0, 0]);
+    f[42..48].copy_from_slice(b"vnic!!");
+    // Pseudo-header: src + dst + proto + UDP length, folded, not inverted.
+    let pseudo: u32 = 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 17 + 14;
+    f[40..42].copy_from_slice(&(pseudo as u16).to_be_bytes());
+    let hdr = VirtioNetHdr {
+        flags: 1,
+        csum_start: 34,
+        csum_offset: 6,
+        ..Default::default()
+    };
+    wait_until("rx path published", || {
+        r.port.send(
+            0,
+            &mut Packet {
+                hdr,
+                frame: &mut f.clone(),
+            },
+        );
+        rxq.used().idx().load() == 1
+    });
+    let mut got = vec![0u8; HDR + f.len()];
+    g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();
+    let h = VirtioNetHdr::parse(&got, HDR).unwrap();
+    assert_eq!(h.flags & 1, 0, "NEEDS_CSUM must be cleared once completed");
+    // The UDP checksum over pseudo-header + datagram now verifies to zero.
+    let udp = &got[HDR + 34..];
+    let mut sum: u32 = 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 17 + 14;
+    for c in udp.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    assert_eq!(sum, 0xffff, "checksum does not verify");
+    assert_eq!(r.port.stats[0].snapshot().rx_csum_completed, 1);
+}
+
 #[test]
 fn control_queue_applies_and_acks_commands() {
     let r = rig();

@@ -24,6 +24,7 @@ const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUN_F_CSUM: libc::c_ulong = 0x01;
 
 const RX_BUF: usize = HDR_LEN + 65_550;
 
@@ -67,8 +68,8 @@ fn ioctl(
     req: libc::c_ulong,
     arg: *const libc::c_void,
 ) -> Result<(), TapError> {
-    // SAFETY: `f` is an open tun fd and `arg` points to a live value of the type `req` expects
-    // (each caller passes an IfReq or a c_int/c_uint that outlives the call).
+    // SAFETY: `f` is an open tun fd and `arg` is what `req` expects: a pointer to a live IfReq
+    // or c_int that outlives the call, or (TUNSETOFFLOAD) the flags passed by value.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), req, arg) };
     if r < 0 {
         return Err(TapError::Ioctl {
@@ -113,9 +114,16 @@ impl TapPort {
                 TUNSETVNETHDRSZ,
                 (&hdr_len as *const libc::c_int).cast(),
             )?;
-            // No receive offloads: the kernel hands us complete frames, which every guest can
-            // take whatever it negotiated.
-            ioctl(&f, name, "TUNSETOFFLOAD", TUNSETOFFLOAD, std::ptr::null())?;
+            // Checksum offload towards us: the kernel may hand over partial checksums, which
+            // pass to guests that negotiated GUEST_CSUM and are completed for the others (see
+            // GuestPort::send). No GSO: guests are not offered GUEST_TSO/UFO.
+            ioctl(
+                &f,
+                name,
+                "TUNSETOFFLOAD",
+                TUNSETOFFLOAD,
+                TUN_F_CSUM as *const libc::c_void,
+            )?;
             let actual = CStr::from_bytes_until_nul(&req.name)
                 .map(|c| c.to_string_lossy().into_owned())
                 .unwrap_or_default();

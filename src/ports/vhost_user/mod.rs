@@ -287,28 +287,26 @@ impl Egress for GuestPort {
                 stats.rx_hash_false_positive.inc();
             }
         }
-        if pkt.hdr.needs_csum() && !rx.feat.guest_csum() {
-            // The guest cannot take a partial checksum: finish it here.
-            match complete_partial(pkt.frame, pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into()) {
-                Ok(()) => {
-                    pkt.hdr.flags &= !F_NEEDS_CSUM;
-                    stats.rx_csum_completed.inc();
-                }
-                Err(e) => {
-                    stats.rx_errors.inc();
-                    if self.warn.allow() {
-                        warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
-                    }
-                    return;
-                }
-            }
-        }
         let mem = rx.mem.memory();
         let vring = &rx.vrings[q];
         let mut state = vring.get_mut();
         if !state.is_enabled() || !state.get_queue().ready() {
             stats.rx_dropped.inc();
             return;
+        }
+        let completed = pkt.hdr.needs_csum() && !rx.feat.guest_csum();
+        if completed {
+            // The guest cannot take a partial checksum: finish it here (in place, so later
+            // destinations of a flooded frame get it complete too).
+            if let Err(e) = complete_partial(pkt.frame, pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into())
+            {
+                stats.rx_errors.inc();
+                if self.warn.allow() {
+                    warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
+                }
+                return;
+            }
+            pkt.hdr.flags &= !F_NEEDS_CSUM;
         }
         let res = push_rx(
             state.get_queue_mut(),
@@ -322,6 +320,9 @@ impl Egress for GuestPort {
             Ok(_) => {
                 stats.rx_packets.inc();
                 stats.rx_bytes.add(pkt.frame.len() as u64);
+                if completed {
+                    stats.rx_csum_completed.inc();
+                }
                 trace!("port {}: rx {} bytes on queue {q}", self.id, pkt.frame.len());
                 true
             }
