@@ -126,13 +126,14 @@ accel_args() {
 # start_guest NAME MODE SOCKET_NAME INITRD_NAME [QUEUES] [MAC] [EXTRA_CHARDEV_OPTS]
 #   MODE: net (-netdev vhost-user) or device (vhost-user-test-device-pci), or qemu-tap:
 #   QEMU's own virtio-net on a tap named SOCKET_NAME, a baseline without dpaa-vnic (QEMU then
-#   runs in the namespace GUEST_NETNS, where it creates the tap).
+#   runs in the namespace GUEST_NETNS, where it creates the tap). GUEST_EXTRA_ARGS are added to
+#   QEMU's command line (paths inside the QEMU root: $RUN_IN_CHROOT/...).
 start_guest() {
     local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}
     local smp=$queues nic
     case $mode in
         net)
-            nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,netdev=n0,mac=$mac,romfile="
+            nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,id=nic0,netdev=n0,mac=$mac,romfile="
             ((queues > 1)) && nic+=",mq=on,vectors=$((2 * queues + 2))"
             ;;
         device)
@@ -152,7 +153,7 @@ start_guest() {
         -machine q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=256M,share=on \
         -kernel "/vnic/guest/$VNIC_KERNEL/kernel" -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
         -append "console=ttyS0 quiet panic=-1 vnic.name=$name" \
-        "${chardev[@]}" $nic \
+        "${chardev[@]}" $nic ${GUEST_EXTRA_ARGS:-} \
         </dev/null >"$RUN_DIR/$name.log" 2>&1 &
     local pid=$!
     PIDS+=("$pid")

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 
+use crate::control::qmp::QmpSpec;
 use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
 use crate::wire::MacAddr;
@@ -81,6 +82,11 @@ pub struct RunArgs {
     /// (0: sleep until kicked). Spends CPU only while a guest is sending commands.
     #[arg(long, default_value_t = 200, value_name = "US")]
     pub ctrl_poll_us: u64,
+    /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
+    /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
+    /// NIC when QEMU has several. Repeat for more ports.
+    #[arg(long = "qmp", value_name = "PATH[,port=N][,nic=ID]")]
+    pub qmp: Vec<QmpSpec>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -99,6 +105,10 @@ pub enum ConfigError {
     TapName(String),
     #[error("--socket {0} is given twice")]
     DuplicateSocket(String),
+    #[error("--qmp names port {port}, but there are {ports} guest ports")]
+    QmpPort { port: usize, ports: usize },
+    #[error("--qmp given twice for port {0}")]
+    QmpTwice(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
@@ -122,6 +132,7 @@ pub struct Config {
     pub filter: Layout,
     pub exact_limit: usize,
     pub ctrl_poll_us: u64,
+    pub qmp: Vec<QmpSpec>,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -155,6 +166,17 @@ impl TryFrom<RunArgs> for Config {
                 return Err(ConfigError::TapName(t.clone()));
             }
         }
+        for (i, q) in a.qmp.iter().enumerate() {
+            if q.port >= a.sockets.len() {
+                return Err(ConfigError::QmpPort {
+                    port: q.port,
+                    ports: a.sockets.len(),
+                });
+            }
+            if a.qmp[..i].iter().any(|o| o.port == q.port) {
+                return Err(ConfigError::QmpTwice(q.port));
+            }
+        }
         if a.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(a.ctrl_poll_us));
         }
@@ -184,6 +206,7 @@ impl TryFrom<RunArgs> for Config {
             filter: a.filter,
             exact_limit: a.exact_limit,
             ctrl_poll_us: a.ctrl_poll_us,
+            qmp: a.qmp,
         })
     }
 }

@@ -8,9 +8,9 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use dpaa_vnic::config::{Cli, Command, Config, CtlCommand};
-use dpaa_vnic::control::client;
 use dpaa_vnic::control::view::PortRef;
 use dpaa_vnic::control::ControlServer;
+use dpaa_vnic::control::{client, qmp};
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::Switch;
 use dpaa_vnic::ports::tap::TapPort;
@@ -121,6 +121,19 @@ fn run(cfg: Config) -> ExitCode {
                 .spawn(move || g.serve(l));
             if let Err(e) = spawned {
                 error!("spawning port thread: {e}");
+                cleanup(&owned);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    for spec in &cfg.qmp {
+        let port = ports.iter().find_map(|p| match p {
+            PortRef::Guest(g) if g.id == spec.port => Some(g.clone()),
+            _ => None,
+        });
+        if let Some(port) = port {
+            if let Err(e) = qmp::spawn(spec.clone(), port) {
+                error!("spawning QMP follower: {e}");
                 cleanup(&owned);
                 return ExitCode::FAILURE;
             }

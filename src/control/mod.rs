@@ -4,6 +4,7 @@
 //! `"error"` key.
 
 pub mod client;
+pub mod qmp;
 pub mod server;
 pub mod view;
 

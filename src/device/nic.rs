@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::ctrl::{CtrlError, CtrlOutcome, CtrlState};
 use super::features::Negotiated;
 use super::filter::{Filter, FilterRegs};
+use super::rx_state::RxState;
 use crate::wire::MacAddr;
 
 pub struct NicState {
@@ -34,6 +35,17 @@ impl NicState {
             CtrlOutcome::QueuePairs(_) | CtrlOutcome::GuestOffloads(_) => {}
         }
         Ok(outcome)
+    }
+
+    /// Takes the whole receive state from outside (QEMU's view, in the net attachment) and
+    /// brings the filter along incrementally, as a table set would.
+    pub fn apply_rx_state(&mut self, rx: RxState) {
+        if rx.mac != self.ctrl.rx.mac {
+            self.filter.set_station(rx.mac);
+        }
+        self.filter.set_mode(rx.mode);
+        self.filter.sync(&rx.unicast, &rx.multicast);
+        self.ctrl.rx = rx;
     }
 
     /// Device reset: empty tables, default mode; the filter's counters survive.

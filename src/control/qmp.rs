@@ -1,0 +1,308 @@
+//! `--qmp`: the net attachment's source of truth for the receive filter. QEMU keeps the
+//! control queue there, so dpaa-vnic follows QEMU's own view as libvirt does: query
+//! `query-rx-filter` once, then again on every `NIC_RX_FILTER_CHANGED` (QEMU sends that event
+//! once and re-arms it only when queried). QEMU's table holds 64 entries; past that it
+//! reports overflow, which the filter treats as allmulti / alluni.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::device::{RxMode, RxState};
+use crate::ports::vhost_user::GuestPort;
+use crate::wire::MacAddr;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum QmpSpecError {
+    #[error("--qmp {0:?}: expected PATH[,port=N][,nic=ID]")]
+    Syntax(String),
+    #[error("--qmp {spec:?}: bad port number")]
+    Port {
+        spec: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
+#[derive(Debug, Error)]
+pub enum QmpError {
+    #[error("QMP socket I/O")]
+    Io(#[source] io::Error),
+    #[error("QMP JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("QEMU closed the QMP connection")]
+    Closed,
+    #[error("QEMU answered {0}")]
+    Refused(String),
+    #[error("QEMU has {0} NICs: say which with nic=ID")]
+    Ambiguous(usize),
+}
+
+/// One `--qmp` option.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QmpSpec {
+    pub path: PathBuf,
+    pub port: usize,
+    pub nic: Option<String>,
+}
+
+impl FromStr for QmpSpec {
+    type Err = QmpSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(',');
+        let path = parts
+            .next()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| QmpSpecError::Syntax(s.into()))?;
+        let mut spec = QmpSpec {
+            path: PathBuf::from(path),
+            port: 0,
+            nic: None,
+        };
+        for p in parts {
+            match p.split_once('=') {
+                Some(("port", v)) => {
+                    spec.port = v.parse().map_err(|source| QmpSpecError::Port {
+                        spec: s.into(),
+                        source,
+                    })?
+                }
+                Some(("nic", v)) if !v.is_empty() => spec.nic = Some(v.to_string()),
+                _ => return Err(QmpSpecError::Syntax(s.into())),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// The parts of QEMU's RxFilterInfo the filter needs.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub struct RxFilterInfo {
+    pub name: String,
+    pub promiscuous: bool,
+    pub multicast: String,
+    pub unicast: String,
+    /// Not used: QEMU 11.1 fills it from its `nobcast` flag, i.e. inverted (a freshly reset
+    /// NIC that delivers broadcast reports `false`), so it cannot be trusted either way.
+    pub broadcast_allowed: bool,
+    pub multicast_overflow: bool,
+    pub unicast_overflow: bool,
+    pub main_mac: String,
+    pub unicast_table: Vec<String>,
+    pub multicast_table: Vec<String>,
+}
+
+impl RxFilterInfo {
+    /// The device-model view: overflow means "accept all" of that kind, as libvirt reads it.
+    pub fn to_rx_state(&self) -> Option<RxState> {
+        let mac: MacAddr = self.main_mac.parse().ok()?;
+        let parse = |t: &[String]| t.iter().filter_map(|m| m.parse().ok()).collect::<Vec<MacAddr>>();
+        Some(RxState {
+            mac,
+            mode: RxMode {
+                promisc: self.promiscuous,
+                allmulti: self.multicast == "all" || self.multicast_overflow,
+                alluni: self.unicast == "all" || self.unicast_overflow,
+                nomulti: self.multicast == "none",
+                nouni: self.unicast == "none",
+                // See `broadcast_allowed`; Linux guests never set NOBCAST anyway.
+                nobcast: false,
+            },
+            unicast: parse(&self.unicast_table),
+            multicast: parse(&self.multicast_table),
+        })
+    }
+}
+
+struct Conn {
+    r: BufReader<UnixStream>,
+    w: UnixStream,
+}
+
+impl Conn {
+    fn open(spec: &QmpSpec) -> Result<Conn, QmpError> {
+        let s = UnixStream::connect(&spec.path).map_err(QmpError::Io)?;
+        let mut c = Conn {
+            r: BufReader::new(s.try_clone().map_err(QmpError::Io)?),
+            w: s,
+        };
+        c.read()?; // greeting
+        c.call(json!({ "execute": "qmp_capabilities" }))?;
+        Ok(c)
+    }
+
+    fn read(&mut self) -> Result<Value, QmpError> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line).map_err(QmpError::Io)? == 0 {
+            return Err(QmpError::Closed);
+        }
+        serde_json::from_str(&line).map_err(QmpError::Json)
+    }
+
+    /// Sends a command and returns its result; events arriving meanwhile are kept.
+    fn call(&mut self, cmd: Value) -> Result<(Value, Vec<Value>), QmpError> {
+        writeln!(self.w, "{cmd}").map_err(QmpError::Io)?;
+        let mut events = Vec::new();
+        loop {
+            let v = self.read()?;
+            if let Some(r) = v.get("return") {
+                return Ok((r.clone(), events));
+            }
+            if let Some(e) = v.get("error") {
+                return Err(QmpError::Refused(e.to_string()));
+            }
+            events.push(v);
+        }
+    }
+
+    fn query(&mut self, nic: Option<&str>) -> Result<(Vec<RxFilterInfo>, Vec<Value>), QmpError> {
+        let cmd = match nic {
+            Some(n) => json!({ "execute": "query-rx-filter", "arguments": { "name": n } }),
+            None => json!({ "execute": "query-rx-filter" }),
+        };
+        let (r, ev) = self.call(cmd)?;
+        Ok((serde_json::from_value(r).map_err(QmpError::Json)?, ev))
+    }
+}
+
+fn is_our_event(ev: &Value, nic: &str) -> bool {
+    ev.get("event").and_then(Value::as_str) == Some("NIC_RX_FILTER_CHANGED")
+        && ev
+            .pointer("/data/name")
+            .and_then(Value::as_str)
+            .is_none_or(|n| n == nic)
+}
+
+/// Follows one QEMU's NIC for as long as the daemon runs, reconnecting when QEMU restarts.
+pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>) -> io::Result<()> {
+    thread::Builder::new()
+        .name(format!("vnic-qmp{}", spec.port))
+        .spawn(move || {
+            let mut last_err = String::new();
+            loop {
+                match follow(&spec, &port) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        let msg = crate::ports::vhost_user::error_chain(&e);
+                        // Say it once per kind of failure, not every retry.
+                        if msg != last_err {
+                            match e {
+                                QmpError::Io(_) | QmpError::Closed => {
+                                    debug!("qmp {}: {msg}", spec.path.display())
+                                }
+                                _ => warn!("qmp {}: {msg}", spec.path.display()),
+                            }
+                            last_err = msg;
+                        }
+                    }
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+        })?;
+    Ok(())
+}
+
+fn follow(spec: &QmpSpec, port: &GuestPort) -> Result<(), QmpError> {
+    let mut c = Conn::open(spec)?;
+    let (all, _) = c.query(spec.nic.as_deref())?;
+    let nic = match (&spec.nic, all.as_slice()) {
+        (Some(n), _) => n.clone(),
+        (None, [one]) => one.name.clone(),
+        (None, many) => return Err(QmpError::Ambiguous(many.len())),
+    };
+    info!(
+        "qmp {}: following NIC {nic} for port {}",
+        spec.path.display(),
+        port.id
+    );
+    apply(port, &all, &nic);
+    loop {
+        let ev = c.read()?;
+        if is_our_event(&ev, &nic) {
+            // Querying re-arms the event; what changed meanwhile is in this answer.
+            let (infos, more) = c.query(Some(&nic))?;
+            apply(port, &infos, &nic);
+            if more.iter().any(|e| is_our_event(e, &nic)) {
+                let (infos, _) = c.query(Some(&nic))?;
+                apply(port, &infos, &nic);
+            }
+        }
+    }
+}
+
+fn apply(port: &GuestPort, infos: &[RxFilterInfo], nic: &str) {
+    if let Some(rx) = infos
+        .iter()
+        .find(|i| i.name == nic)
+        .and_then(RxFilterInfo::to_rx_state)
+    {
+        port.lock_ctrl().apply_rx_state(rx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_parsing() {
+        assert_eq!(
+            "/run/q.sock,port=1,nic=nic0".parse::<QmpSpec>().unwrap(),
+            QmpSpec {
+                path: "/run/q.sock".into(),
+                port: 1,
+                nic: Some("nic0".into())
+            }
+        );
+        assert_eq!("/run/q.sock".parse::<QmpSpec>().unwrap().port, 0);
+        assert!(matches!(
+            "/q,port=x".parse::<QmpSpec>(),
+            Err(QmpSpecError::Port { .. })
+        ));
+        assert!(matches!(
+            ",nic=a".parse::<QmpSpec>(),
+            Err(QmpSpecError::Syntax(_))
+        ));
+        assert!(matches!(
+            "/q,color=red".parse::<QmpSpec>(),
+            Err(QmpSpecError::Syntax(_))
+        ));
+    }
+
+    #[test]
+    fn rx_filter_info_from_qemu_json() {
+        // Shape as QEMU 11.1 answers (fields the filter ignores left in).
+        let v = json!([{
+            "promiscuous": false, "name": "nic0", "main-mac": "52:54:00:d0:aa:01",
+            "unicast": "normal", "vlan": "all", "vlan-table": [4095], "multicast": "normal",
+            "broadcast-allowed": false, "multicast-overflow": true, "unicast-overflow": false,
+            "unicast-table": [], "multicast-table": ["01:00:5e:00:00:01", "33:33:00:00:00:01"]
+        }]);
+        let infos: Vec<RxFilterInfo> = serde_json::from_value(v).unwrap();
+        let rx = infos[0].to_rx_state().unwrap();
+        assert!(!rx.mode.promisc && rx.mode.allmulti && !rx.mode.alluni);
+        // QEMU reports "broadcast-allowed": false for a NIC that delivers broadcast.
+        assert!(!rx.mode.nobcast);
+        assert_eq!(rx.multicast.len(), 2);
+        assert_eq!(rx.mac.to_string(), "52:54:00:d0:aa:01");
+        assert!(is_our_event(
+            &json!({"event": "NIC_RX_FILTER_CHANGED", "data": {"name": "nic0", "path": "/x"}}),
+            "nic0"
+        ));
+        assert!(!is_our_event(
+            &json!({"event": "NIC_RX_FILTER_CHANGED", "data": {"name": "nic1"}}),
+            "nic0"
+        ));
+    }
+}
