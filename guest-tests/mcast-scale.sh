@@ -19,19 +19,14 @@ wait_carrier eth0 || exit 1
 ip addr add 10.33.0.2/24 dev eth0
 echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6
 echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6
-# Digest and count of eth0's multicast list, from one snapshot.
-snapshot() {
-    awk '\$2 == "eth0" {print \$5}' /proc/net/dev_mcast | sort >/tmp/snap
-    echo "\$(md5sum </tmp/snap | cut -c1-32) \$(wc -l </tmp/snap)"
-}
 # IPv6 joins its link-local groups from deferred work: wait until the list stops changing.
 i=0
 until ip -6 addr show dev eth0 | grep -q fe80; do i=\$((i + 1)); [ \$i -gt 100 ] && break; sleep 0.1; done
-prev=""; cur=\$(snapshot); i=0
-until [ "\$cur" = "\$prev" ] || [ \$i -gt 10 ]; do prev=\$cur; sleep 1; cur=\$(snapshot); i=\$((i + 1)); done
+prev=""; cur=\$(mcast_snapshot eth0); i=0
+until [ "\$cur" = "\$prev" ] || [ \$i -gt 10 ]; do prev=\$cur; sleep 1; cur=\$(mcast_snapshot eth0); i=\$((i + 1)); done
 # Case 0: the base set (all-hosts, IPv6 all-nodes, ...) settles before any join is counted.
 vnic-udp recv 7011 1 120 >/dev/null & n=\$!
-echo "VNIC-BASE case=0 \$(snapshot)"
+echo "VNIC-BASE case=0 \$(mcast_snapshot eth0)"
 wait \$n || exit 1
 k=0
 for c in $(printf '"%s" ' "${case_list[@]}"); do
@@ -45,11 +40,11 @@ for c in $(printf '"%s" ' "${case_list[@]}"); do
         sleep 0.1
     done
     sed "s/^VNIC-TIME /VNIC-TIME case=\$k /" /tmp/out.\$k
-    echo "VNIC-HELD case=\$k \$(snapshot)"
+    echo "VNIC-HELD case=\$k \$(mcast_snapshot eth0)"
     wait \$p || { cat /tmp/out.\$k; exit 1; }
     grep -E "leave|LEFT" /tmp/out.\$k | sed "s/^VNIC-TIME /VNIC-TIME case=\$k /"
     vnic-udp recv 7011 1 120 >/dev/null & n=\$!
-    echo "VNIC-BASE case=\$k \$(snapshot)"
+    echo "VNIC-BASE case=\$k \$(mcast_snapshot eth0)"
     wait \$n || exit 1
 done
 report_stats eth0
@@ -62,14 +57,6 @@ ip netns exec "$ns" ip addr add 10.33.0.1/24 dev vtap0
 ip netns exec "$ns" ip link set vtap0 up
 start_guest g device d.sock scale
 
-# daemon_digest: md5 of the daemon's multicast table in /proc/net/dev_mcast's notation.
-daemon_digest() {
-    ctl d filter | python3 -c '
-import hashlib, json, sys
-m = json.load(sys.stdin)["ports"][0]["multicast"]
-lines = sorted(a.replace(":", "") for a in m)
-print(hashlib.md5("".join(l + "\n" for l in lines).encode()).hexdigest(), len(lines))'
-}
 console() { tr -d '\r' <"$RUN_DIR/g.log"; }
 
 # converge WHAT GUEST_DIGEST: the guest applies its rx mode from deferred work, so give the
@@ -77,7 +64,7 @@ console() { tr -d '\r' <"$RUN_DIR/g.log"; }
 converge() {
     local what=$1 want=$2 got=""
     for _ in $(seq 100); do
-        read -r got dcount < <(daemon_digest)
+        read -r got dcount < <(daemon_mcast_digest d)
         [[ $got == "$want" ]] && break
         sleep 0.1
     done

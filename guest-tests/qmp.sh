@@ -10,23 +10,19 @@ setup_run
 make_initrd qmp <<'GUEST'
 wait_carrier eth0 || exit 1
 ip addr add 10.11.0.2/24 dev eth0
-snapshot() {
-    awk '$2 == "eth0" {print $5}' /proc/net/dev_mcast | sort >/tmp/snap
-    echo "$(md5sum </tmp/snap | cut -c1-32) $(wc -l </tmp/snap)"
-}
 vnic-udp recv 7040 100000 12 >/tmp/rx 2>&1 & r=$!
 vnic-udp recv 7032 1 180 >/dev/null 2>&1 & go=$!
 vnic-mcast ip eth0 239.7.0.1 30 7031 120 >/tmp/m1 2>&1 & m1=$!
 i=0
 until grep -q VNIC-JOINED /tmp/m1; do i=$((i + 1)); [ $i -gt 600 ] && exit 1; sleep 0.1; done
-echo "VNIC-PHASE1 $(snapshot)"
+echo "VNIC-PHASE1 $(mcast_snapshot eth0)"
 wait $r
 grep received /tmp/rx | sed 's/^/VNIC-RX /'
 wait $go || exit 1
 vnic-mcast ip eth0 239.8.0.1 100 7033 120 >/tmp/m2 2>&1 & m2=$!
 i=0
 until grep -q VNIC-JOINED /tmp/m2; do i=$((i + 1)); [ $i -gt 600 ] && exit 1; sleep 0.1; done
-echo "VNIC-PHASE2 $(snapshot)"
+echo "VNIC-PHASE2 $(mcast_snapshot eth0)"
 wait $m1 || exit 1
 wait $m2 || exit 1
 report_stats eth0
@@ -41,19 +37,12 @@ ip netns exec "$ns" ip route add 224.0.0.0/4 dev vtap0
 GUEST_EXTRA_ARGS="-qmp unix:$RUN_IN_CHROOT/qmp.sock,server=on,wait=off" start_guest g net p.sock qmp
 
 filter_field() { ctl d filter | python3 -c "import json,sys; p=json.load(sys.stdin)['ports'][0]; print($1)"; }
-daemon_digest() {
-    ctl d filter | python3 -c '
-import hashlib, json, sys
-m = json.load(sys.stdin)["ports"][0]["multicast"]
-lines = sorted(a.replace(":", "") for a in m)
-print(hashlib.md5("".join(l + "\n" for l in lines).encode()).hexdigest())'
-}
 console() { tr -d '\r' <"$RUN_DIR/g.log"; }
 
 wait_console g "VNIC-PHASE1 " "$GUEST_TIMEOUT" || exit 1
 read -r _ gdig gcount < <(console | grep -a "VNIC-PHASE1 ")
 got=""
-for _ in $(seq 100); do got=$(daemon_digest); [[ $got == "$gdig" ]] && break; sleep 0.1; done
+for _ in $(seq 100); do read -r got _ < <(daemon_mcast_digest d); [[ $got == "$gdig" ]] && break; sleep 0.1; done
 expect_eq "phase 1: daemon table (from QMP) = guest dev_mcast ($gcount entries)" "$got" "$gdig"
 expect_eq "phase 1: promiscuous" "$(filter_field "p['rx_mode']['promisc']")" False
 expect_eq "phase 1: allmulti" "$(filter_field "p['rx_mode']['allmulti']")" False

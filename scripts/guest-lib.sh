@@ -98,6 +98,16 @@ else:
 ' "$2" "$3" "${4:-}"
 }
 
+# daemon_mcast_digest DAEMON [PORT]: "md5 count" of a guest port's multicast table, in the
+# notation of the guest's /proc/net/dev_mcast (see mcast_snapshot in guest-tests/init).
+daemon_mcast_digest() {
+    ctl "$1" filter | python3 -c '
+import hashlib, json, sys
+m = json.load(sys.stdin)["ports"][int(sys.argv[1])]["multicast"]
+lines = sorted(a.replace(":", "") for a in m)
+print(hashlib.md5("".join(l + "\n" for l in lines).encode()).hexdigest(), len(lines))' "${2:-0}"
+}
+
 # make_initrd NAME: base initramfs + this test's guest script (read from stdin) as /test.sh.
 make_initrd() {
     local name=$1 d

@@ -1,10 +1,14 @@
 //! The binary as a user runs it: argument errors, `ctl` output keys, a second daemon on a
 //! busy socket, and SIGTERM.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use common::wait_until;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dpaa-vnic");
 
@@ -45,17 +49,6 @@ impl Drop for Daemon {
     }
 }
 
-fn wait_for(what: &str, f: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn start(sock: &Path, ctl: &Path) -> Daemon {
     let c = Command::new(BIN)
         .args(["--socket", sock.to_str().unwrap(), "--socket"])
@@ -65,7 +58,7 @@ fn start(sock: &Path, ctl: &Path) -> Daemon {
         .spawn()
         .unwrap();
     let d = Daemon(c);
-    wait_for("control socket", || ctl.exists());
+    wait_until("control socket", || ctl.exists());
     d
 }
 

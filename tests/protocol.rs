@@ -2,12 +2,14 @@
 //! as QEMU would: negotiation, config space, memory table, vrings, then real frames through
 //! TX and RX, control commands with acks, and hostile frontends.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
@@ -24,6 +26,8 @@ use vm_memory::{
     MmapRegion,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use common::wait_until;
 
 const MEM_SIZE: usize = 0x20_0000;
 const QSIZE: u16 = 16;
@@ -77,17 +81,6 @@ fn rig() -> Rig {
         path,
         port,
         sink,
-    }
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -171,6 +164,31 @@ impl Guest {
     }
 }
 
+/// Posts two 2 KiB receive buffers and kicks, as a driver does after DRIVER_OK.
+fn post_rx_buffers(g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) {
+    rxq.add_desc_chains(
+        &[d(0x11_0000, 2048, F_WRITE, 0), d(0x11_1000, 2048, F_WRITE, 0)],
+        0,
+    )
+    .unwrap();
+    g.kick[0].write(1).unwrap();
+}
+
+/// Sends copies of `f` to the port until the first lands: the RX path is published
+/// asynchronously, once the worker threads have reported their vrings.
+fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: VirtioNetHdr, f: &[u8]) {
+    wait_until("rx path published", || {
+        r.port.send(
+            0,
+            &mut Packet {
+                hdr,
+                frame: &mut f.to_vec(),
+            },
+        );
+        rxq.used().idx().load() == 1
+    });
+}
+
 const VERSION_1: u64 = 1 << 32;
 const MRG_RXBUF: u64 = 1 << 15;
 const CTRL_VQ: u64 = 1 << 17;
@@ -229,23 +247,9 @@ fn rx_frame_is_written_with_header_and_signalled() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    rxq.add_desc_chains(
-        &[d(0x11_0000, 2048, F_WRITE, 0), d(0x11_1000, 2048, F_WRITE, 0)],
-        0,
-    )
-    .unwrap();
-    g.kick[0].write(1).unwrap();
+    post_rx_buffers(&g, &rxq);
     let mut f = frame("52:54:00:d0:aa:01", 100);
-    wait_until("rx path published", || {
-        r.port.send(
-            0,
-            &mut Packet {
-                hdr: VirtioNetHdr::default(),
-                frame: &mut f.clone(),
-            },
-        );
-        rxq.used().idx().load() == 1
-    });
+    deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
     let mut got = vec![0u8; HDR + 100];
     g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();
     assert_eq!(VirtioNetHdr::parse(&got, HDR).unwrap().num_buffers, 1);
@@ -278,12 +282,7 @@ fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    rxq.add_desc_chains(
-        &[d(0x11_0000, 2048, F_WRITE, 0), d(0x11_1000, 2048, F_WRITE, 0)],
-        0,
-    )
-    .unwrap();
-    g.kick[0].write(1).unwrap();
+    post_rx_buffers(&g, &rxq);
     // Ethernet + IPv4 (20) + UDP (8) + 6 bytes; the UDP checksum field holds the
     // pseudo-header sum, as a sender with checksum offload leaves it.
     let mut f = frame("52:54:00:d0:aa:01", 14 + 20 + 8 + 6);
@@ -301,16 +300,7 @@ fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
         csum_offset: 6,
         ..Default::default()
     };
-    wait_until("rx path published", || {
-        r.port.send(
-            0,
-            &mut Packet {
-                hdr,
-                frame: &mut f.clone(),
-            },
-        );
-        rxq.used().idx().load() == 1
-    });
+    deliver_first(&r, &rxq, hdr, &f);
     let mut got = vec![0u8; HDR + f.len()];
     g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();
     let h = VirtioNetHdr::parse(&got, HDR).unwrap();

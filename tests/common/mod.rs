@@ -1,0 +1,16 @@
+//! Helpers shared by the integration tests.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 5 ms until it holds; fails the test after 10 s.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
