@@ -16,7 +16,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::queue::{pop_ctrl, pop_tx};
+use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
@@ -184,7 +184,7 @@ impl VnicBackend {
                 break;
             }
         }
-        if returned && vring.needs_notification().map_err(io::Error::other)? {
+        if returned && self.wants_interrupt(vring)? {
             vring.signal_used_queue()?;
         }
         Ok(())
@@ -201,7 +201,7 @@ impl VnicBackend {
             while self.ctrl_one(vring, &feat, &mem, &mut buf)? {
                 served = true;
             }
-            if served && vring.needs_notification().map_err(io::Error::other)? {
+            if served && self.wants_interrupt(vring)? {
                 vring.signal_used_queue()?;
             }
             // A driver changing its address lists sends several commands back to back and
@@ -217,6 +217,12 @@ impl VnicBackend {
             }
         }
         Ok(())
+    }
+
+    fn wants_interrupt(&self, vring: &Vring) -> io::Result<bool> {
+        let mem = self.0.mem.memory();
+        let mut st = vring.get_mut();
+        wants_interrupt(st.get_queue_mut(), &*mem).map_err(io::Error::other)
     }
 
     /// Spins up to `window` for a new available descriptor; true if one arrived.

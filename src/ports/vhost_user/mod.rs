@@ -21,7 +21,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use self::backend::VnicBackend;
-use self::queue::{push_rx, RxError};
+use self::queue::{push_rx, wants_interrupt, RxError};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::features::Negotiated;
@@ -338,7 +338,7 @@ impl Egress for GuestPort {
                 true
             }
         };
-        if notify && state.get_queue_mut().needs_notification(&*mem).unwrap_or(true) {
+        if notify && wants_interrupt(state.get_queue_mut(), &*mem).unwrap_or(true) {
             drop(state);
             if let Err(e) = vring.signal_used_queue() {
                 if self.warn.allow() {

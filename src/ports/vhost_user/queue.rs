@@ -250,6 +250,24 @@ fn rewind(q: &mut Queue, n: usize) {
     }
 }
 
+/// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// Whether the driver wants an interrupt for the chains just returned: EVENT_IDX's
+/// used_event when negotiated, else the avail ring's NO_INTERRUPT flag, which virtio-queue
+/// 0.18's `needs_notification` does not look at.
+pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, virtio_queue::Error> {
+    // Always called: it also resets the count of chains added since the last check.
+    let by_event_idx = q.needs_notification(mem)?;
+    if q.event_idx_enabled() {
+        return Ok(by_event_idx);
+    }
+    let flags: u16 = mem
+        .read_obj(GuestAddress(q.avail_ring()))
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
+}
+
 /// The readable bytes of a control command, and where to write its ack.
 pub struct CtrlChain {
     pub head: u16,
