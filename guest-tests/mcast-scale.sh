@@ -12,6 +12,8 @@ setup_run
 
 CASES=${VNIC_SCALE_CASES:-"ip 239.1.0.1 2000;group 239.2.0.1 2000;source 239.3.0.1 2000 4;ipv6 ff15::1:0 2000;ip 239.4.0.1 10000"}
 FILTER=${VNIC_SCALE_FILTER:-memac}
+ATTACH=${VNIC_SCALE_ATTACH:-device}
+read -ra DAEMON_ARGS <<<"${VNIC_SCALE_DAEMON_ARGS:-}"
 IFS=';' read -ra case_list <<<"$CASES"
 
 make_initrd scale <<GUEST
@@ -52,10 +54,10 @@ GUEST
 
 ns=vnic-scale-$$
 make_netns "$ns"
-start_daemon d "$ns" --socket "$RUN_DIR/d.sock" --tap vtap0 --filter "$FILTER"
+start_daemon d "$ns" --socket "$RUN_DIR/d.sock" --tap vtap0 --filter "$FILTER" "${DAEMON_ARGS[@]}"
 ip netns exec "$ns" ip addr add 10.33.0.1/24 dev vtap0
 ip netns exec "$ns" ip link set vtap0 up
-start_guest g device d.sock scale
+start_guest g "$ATTACH" d.sock scale
 
 console() { tr -d '\r' <"$RUN_DIR/g.log"; }
 
@@ -94,8 +96,8 @@ for c in "${case_list[@]}"; do
     join_ms=$(console | grep -a "VNIC-TIME case=$k join total" | sed 's/.*ms=//')
     leave_ms=$(console | grep -a "VNIC-TIME case=$k leave total" | sed 's/.*ms=//')
     batches=$(console | grep -a "VNIC-TIME case=$k join batch_end" | sed 's/.*ms=//' | tr '\n' ' ')
-    printf 'REPORT mcast-scale %-6s x%-5s device attachment, %s filter, %s: join %s ms, leave %s ms; join per 500: %s\n' \
-        "$mode" "$n" "$FILTER" "$(cat "$GUEST_DIR/kernel-package")" "$join_ms" "$leave_ms" "$batches" \
+    printf 'REPORT %s %-6s x%-5s %s attachment%s, %s filter, %s: join %s ms, leave %s ms; join per 500: %s\n' \
+        "$TEST_NAME" "$mode" "$n" "$ATTACH" "${VNIC_SCALE_DAEMON_ARGS:+ $VNIC_SCALE_DAEMON_ARGS}" "$FILTER" "$(cat "$GUEST_DIR/kernel-package")" "$join_ms" "$leave_ms" "$batches" \
         | tee -a "$RUN_DIR/../reports.txt"
     adds0=$(daemon_counter d 0 filter_adds)
     removes0=$(daemon_counter d 0 filter_removes)

@@ -87,6 +87,14 @@ pub struct RunArgs {
     /// NIC when QEMU has several. Repeat for more ports.
     #[arg(long = "qmp", value_name = "PATH[,port=N][,nic=ID]")]
     pub qmp: Vec<QmpSpec>,
+    /// Net attachment: learn each guest's multicast groups from its own IGMP v1/v2/v3 and
+    /// MLD v1/v2 reports and filter to exactly those (QEMU's own table stops at 64).
+    #[arg(long)]
+    pub snoop: bool,
+    /// With --snoop: forget a group no report refreshed for this many seconds (0: keep it
+    /// until the guest leaves it; nothing queries the guest, so Linux only reports on change).
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    pub snoop_timeout: u64,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -109,6 +117,10 @@ pub enum ConfigError {
     QmpPort { port: usize, ports: usize },
     #[error("--qmp given twice for port {0}")]
     QmpTwice(usize),
+    #[error("--snoop-timeout needs --snoop")]
+    SnoopTimeoutAlone,
+    #[error("--snoop and --qmp both drive port {0}'s filter: choose one")]
+    SnoopAndQmp(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
@@ -133,6 +145,8 @@ pub struct Config {
     pub exact_limit: usize,
     pub ctrl_poll_us: u64,
     pub qmp: Vec<QmpSpec>,
+    /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
+    pub snoop: Option<Option<std::time::Duration>>,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -177,6 +191,12 @@ impl TryFrom<RunArgs> for Config {
                 return Err(ConfigError::QmpTwice(q.port));
             }
         }
+        if a.snoop_timeout > 0 && !a.snoop {
+            return Err(ConfigError::SnoopTimeoutAlone);
+        }
+        if let Some(q) = a.qmp.iter().find(|_| a.snoop) {
+            return Err(ConfigError::SnoopAndQmp(q.port));
+        }
         if a.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(a.ctrl_poll_us));
         }
@@ -207,6 +227,9 @@ impl TryFrom<RunArgs> for Config {
             exact_limit: a.exact_limit,
             ctrl_poll_us: a.ctrl_poll_us,
             qmp: a.qmp,
+            snoop: a
+                .snoop
+                .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
         })
     }
 }

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cfg: Config) -> ExitCode {
+    log::debug!("configuration: {cfg:?}");
     // Only what this process bound is removed on exit, never another daemon's live socket.
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
@@ -64,6 +65,7 @@ fn run(cfg: Config) -> ExitCode {
             layout: cfg.filter,
             exact_limit: cfg.exact_limit,
             ctrl_poll: std::time::Duration::from_micros(cfg.ctrl_poll_us),
+            snoop: cfg.snoop,
         };
         let port = Arc::new(GuestPort::new(
             id,
@@ -137,6 +139,30 @@ fn run(cfg: Config) -> ExitCode {
                 cleanup(&owned);
                 return ExitCode::FAILURE;
             }
+        }
+    }
+    if let Some(Some(_)) = cfg.snoop {
+        // Snooped groups time out: check once a second.
+        let guests: Vec<Arc<GuestPort>> = ports
+            .iter()
+            .filter_map(|p| match p {
+                PortRef::Guest(g) => Some(g.clone()),
+                PortRef::Tap(_) => None,
+            })
+            .collect();
+        let spawned = thread::Builder::new()
+            .name("vnic-snoop-timer".into())
+            .spawn(move || loop {
+                thread::sleep(std::time::Duration::from_secs(1));
+                let now = std::time::Instant::now();
+                for g in &guests {
+                    g.lock_ctrl().snoop_expire(now);
+                }
+            });
+        if let Err(e) = spawned {
+            error!("spawning snoop timer: {e}");
+            cleanup(&owned);
+            return ExitCode::FAILURE;
         }
     }
     info!(

@@ -68,6 +68,7 @@ fn rig() -> Rig {
         layout: Layout::Memac,
         exact_limit: 4096,
         ctrl_poll: std::time::Duration::from_micros(200),
+        snoop: None,
     };
     let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, filter, switch.clone()));
     let sink = Arc::new(Sink::default());

@@ -124,6 +124,8 @@ pub struct PortFilter {
     pub active_queue_pairs: u16,
     /// The DPAA filter's side: layout, buckets in use with reference counts, overflow.
     pub filter: HwFilterView,
+    /// With --snoop: groups learned from the guest's reports.
+    pub snooped_groups: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -147,6 +149,7 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                     multicast: n.ctrl.rx.multicast.clone(),
                     active_queue_pairs: n.ctrl.active_queue_pairs,
                     filter: n.filter.view(),
+                    snooped_groups: n.snoop.as_ref().map(|s| s.groups()),
                 })
             }
             PortRef::Tap(_) => None,

@@ -8,6 +8,7 @@ pub mod features;
 pub mod filter;
 pub mod nic;
 pub mod rx_state;
+pub mod snoop;
 
 pub use config::NetConfig;
 pub use ctrl::{CtrlError, CtrlOutcome};

@@ -6,12 +6,17 @@ use std::sync::Arc;
 use super::ctrl::{CtrlError, CtrlOutcome, CtrlState};
 use super::features::Negotiated;
 use super::filter::{Filter, FilterRegs};
-use super::rx_state::RxState;
+use super::rx_state::{RxMode, RxState};
+use super::snoop::Snooper;
+use crate::wire::mcast_report::GroupRecord;
 use crate::wire::MacAddr;
+use std::time::{Duration, Instant};
 
 pub struct NicState {
     pub ctrl: CtrlState,
     pub filter: Filter,
+    /// Net attachment with `--snoop`: the guest's own IGMP/MLD reports drive the filter.
+    pub snoop: Option<Snooper>,
 }
 
 impl NicState {
@@ -19,7 +24,49 @@ impl NicState {
         NicState {
             ctrl: CtrlState::new(mac, max_queue_pairs),
             filter: Filter::new(regs, exact_limit, mac),
+            snoop: None,
         }
+    }
+
+    /// Turns snooping on: multicast is filtered to the groups the guest reports (plus
+    /// all-hosts/all-nodes), unicast is left to the switch (alluni).
+    pub fn enable_snoop(&mut self, timeout: Option<Duration>) {
+        self.snoop = Some(Snooper::new(timeout));
+        self.publish_snoop();
+    }
+
+    /// Applies the records of one report the guest sent.
+    pub fn snoop_report(&mut self, records: &[GroupRecord], now: Instant) {
+        if let Some(s) = self.snoop.as_mut() {
+            if s.apply(records, now) {
+                self.publish_snoop();
+            }
+        }
+    }
+
+    /// Drops groups whose reports timed out.
+    pub fn snoop_expire(&mut self, now: Instant) {
+        if let Some(s) = self.snoop.as_mut() {
+            if s.expire(now) {
+                self.publish_snoop();
+            }
+        }
+    }
+
+    fn publish_snoop(&mut self) {
+        let Some(s) = &self.snoop else { return };
+        let mode = RxMode {
+            promisc: false,
+            alluni: true,
+            ..RxMode::default()
+        };
+        let rx = RxState {
+            mac: self.ctrl.rx.mac,
+            mode,
+            unicast: Vec::new(),
+            multicast: s.macs(),
+        };
+        self.apply_rx_state(rx);
     }
 
     /// Applies one control command and brings the filter along: only what changed reaches
@@ -52,6 +99,10 @@ impl NicState {
     pub fn reset(&mut self, mac: MacAddr) {
         self.ctrl = CtrlState::new(mac, self.ctrl.max_queue_pairs);
         self.filter.reset(mac);
+        if let Some(s) = self.snoop.as_mut() {
+            s.clear();
+            self.publish_snoop();
+        }
     }
 }
 
@@ -85,5 +136,23 @@ mod tests {
         n.reset(mac);
         assert_eq!(regs.classify(&other), Verdict::Multicast);
         assert_eq!(n.filter.stats().filter_syncs, 1);
+    }
+}
+
+#[cfg(test)]
+mod snoop_tests {
+    use super::*;
+    use crate::device::filter::Layout;
+
+    #[test]
+    fn snooping_publishes_its_base_set_and_survives_reset() {
+        let mac: MacAddr = "52:54:00:d0:aa:01".parse().unwrap();
+        let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 64);
+        n.enable_snoop(None);
+        assert_eq!(n.ctrl.rx.multicast.len(), 2);
+        assert!(!n.ctrl.rx.mode.promisc && n.ctrl.rx.mode.alluni);
+        n.reset(mac);
+        assert!(n.snoop.is_some());
+        assert_eq!(n.ctrl.rx.multicast.len(), 2);
     }
 }

@@ -161,6 +161,7 @@ impl VnicBackend {
                             }
                         };
                         trace!("port {}: tx {} bytes on pair {pair}", port.id, n - hdr_len);
+                        port.snoop_frame(&buf[hdr_len..n]);
                         let mut pkt = Packet {
                             hdr,
                             frame: &mut buf[hdr_len..n],

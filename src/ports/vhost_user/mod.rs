@@ -30,6 +30,7 @@ use crate::device::NicState;
 use crate::pipeline::{Egress, Packet, Switch};
 use crate::stats::{CtrlStats, QueueStats};
 use crate::wire::checksum::complete_partial;
+use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
 use crate::wire::MacAddr;
 
@@ -66,6 +67,9 @@ pub struct FilterConfig {
     pub exact_limit: usize,
     /// How long the control queue's thread keeps polling for the next command after one.
     pub ctrl_poll: std::time::Duration,
+    /// Learn multicast groups from the guest's IGMP/MLD reports (net attachment), forgetting
+    /// them after the timeout if given.
+    pub snoop: Option<Option<std::time::Duration>>,
 }
 
 /// What the RX side of a connected guest needs; swapped in whole when a driver attaches.
@@ -94,6 +98,7 @@ pub struct GuestPort {
     switch: Arc<Switch>,
     warn: WarnLimiter,
     ctrl_poll: std::time::Duration,
+    snooping: bool,
 }
 
 impl GuestPort {
@@ -106,6 +111,10 @@ impl GuestPort {
         switch: Arc<Switch>,
     ) -> Self {
         let regs = Arc::new(FilterRegs::new(filter.layout, config.mac));
+        let mut nic = NicState::new(config.mac, queue_pairs, regs.clone(), filter.exact_limit);
+        if let Some(timeout) = filter.snoop {
+            nic.enable_snoop(timeout);
+        }
         GuestPort {
             id,
             socket,
@@ -113,12 +122,7 @@ impl GuestPort {
             config,
             stats: (0..queue_pairs).map(|_| QueueStats::default()).collect(),
             ctrl_stats: CtrlStats::default(),
-            ctrl: Mutex::new(NicState::new(
-                config.mac,
-                queue_pairs,
-                regs.clone(),
-                filter.exact_limit,
-            )),
+            ctrl: Mutex::new(nic),
             regs,
             connected: AtomicBool::new(false),
             acked: AtomicU64::new(0),
@@ -126,7 +130,31 @@ impl GuestPort {
             switch,
             warn: WarnLimiter::default(),
             ctrl_poll: filter.ctrl_poll,
+            snooping: filter.snoop.is_some(),
         }
+    }
+
+    /// TX path hook: a frame the guest sent that may be a membership report. Only the net
+    /// attachment snoops; in the device attachment the control queue is authoritative.
+    pub fn snoop_frame(&self, frame: &[u8]) {
+        if !self.snooping || !maybe_report(frame) || self.attachment() != Some("net") {
+            return;
+        }
+        match mcast_report::parse(frame) {
+            Some(records) => {
+                trace!("port {}: membership report: {records:?}", self.id);
+                self.lock_ctrl().snoop_report(&records, std::time::Instant::now());
+            }
+            None => trace!(
+                "port {}: IGMP/MLD frame that is not a valid report ({} bytes)",
+                self.id,
+                frame.len()
+            ),
+        }
+    }
+
+    pub fn snooping(&self) -> bool {
+        self.snooping
     }
 
     pub fn connected(&self) -> bool {
