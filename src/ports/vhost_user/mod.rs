@@ -153,10 +153,6 @@ impl GuestPort {
         }
     }
 
-    pub fn snooping(&self) -> bool {
-        self.snooping
-    }
-
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
     }

@@ -270,7 +270,6 @@ pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, v
 
 /// The readable bytes of a control command, and where to write its ack.
 pub struct CtrlChain {
-    pub head: u16,
     pub len: usize,
     pub ack: Option<GuestAddress>,
 }
@@ -287,7 +286,7 @@ pub fn pop_ctrl<M: GuestMemory>(
     let head = chain.head_index();
     Some((
         head,
-        read_ctrl(chain, mem, buf, max).map(|(len, ack)| CtrlChain { head, len, ack }),
+        read_ctrl(chain, mem, buf, max).map(|(len, ack)| CtrlChain { len, ack }),
     ))
 }
 
