@@ -6,6 +6,7 @@
 # is in use, delivered as a false positive (counted by the daemon, dropped by the guest's
 # stack). Which buckets are in use comes from `ctl filter`; which bucket a group hashes to is
 # recomputed here in Python (zlib CRC-32, bit parity), not taken from the daemon.
+# vnic-kernels: bookworm trixie-bpo
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
