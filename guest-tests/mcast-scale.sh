@@ -13,6 +13,9 @@ setup_run
 CASES=${VNIC_SCALE_CASES:-"ip 239.1.0.1 2000;group 239.2.0.1 2000;source 239.3.0.1 2000 4;ipv6 ff15::1:0 2000;ip 239.4.0.1 10000"}
 FILTER=${VNIC_SCALE_FILTER:-memac}
 ATTACH=${VNIC_SCALE_ATTACH:-device}
+# Seconds to keep the groups before checking again (for --snoop-timeout: only the querier's
+# refreshes keep them then).
+HOLD=${VNIC_SCALE_HOLD_S:-0}
 read -ra DAEMON_ARGS <<<"${VNIC_SCALE_DAEMON_ARGS:-}"
 IFS=';' read -ra case_list <<<"$CASES"
 
@@ -88,6 +91,10 @@ for c in "${case_list[@]}"; do
     converge "case $k ($mode x$n): daemon table = guest dev_mcast while held ($gcount entries)" "$gdig"
     expect_ge "case $k: entries held" "$dcount" "$n"
     expect_eq "case $k: filter adds for $n joins" "$(($(daemon_counter d 0 filter_adds) - adds0))" "$n"
+    if ((HOLD > 0)); then
+        sleep "$HOLD"
+        converge "case $k: daemon table = guest dev_mcast still, after $HOLD s held" "$gdig"
+    fi
     ip netns exec "$ns" "$HOST_UDP" send 10.33.0.2 7010 1 16 >/dev/null
     wait_console g "VNIC-BASE case=$k " "$GUEST_TIMEOUT" || exit 1
     read -r _ _ gdig gcount < <(console | grep -a "VNIC-BASE case=$k ")

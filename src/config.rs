@@ -92,7 +92,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub snoop: bool,
     /// With --snoop: forget a group no report refreshed for this many seconds (0: keep it
-    /// until the guest leaves it; nothing queries the guest, so Linux only reports on change).
+    /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub snoop_timeout: u64,
 }

@@ -141,8 +141,9 @@ fn run(cfg: Config) -> ExitCode {
             }
         }
     }
-    if let Some(Some(_)) = cfg.snoop {
-        // Snooped groups time out: check once a second.
+    if let Some(Some(timeout)) = cfg.snoop {
+        // Snooped groups time out, so dpaa-vnic is also the querier: general queries every
+        // third of the timeout make the guests report what they hold before it runs out.
         let guests: Vec<Arc<GuestPort>> = ports
             .iter()
             .filter_map(|p| match p {
@@ -150,13 +151,21 @@ fn run(cfg: Config) -> ExitCode {
                 PortRef::Tap(_) => None,
             })
             .collect();
+        let every = (timeout / 3).max(std::time::Duration::from_secs(1));
         let spawned = thread::Builder::new()
             .name("vnic-snoop-timer".into())
-            .spawn(move || loop {
-                thread::sleep(std::time::Duration::from_secs(1));
-                let now = std::time::Instant::now();
-                for g in &guests {
-                    g.lock_ctrl().snoop_expire(now);
+            .spawn(move || {
+                let mut next_query = std::time::Instant::now();
+                loop {
+                    thread::sleep(std::time::Duration::from_millis(250));
+                    let now = std::time::Instant::now();
+                    for g in &guests {
+                        g.lock_ctrl().snoop_expire(now);
+                    }
+                    if now >= next_query {
+                        guests.iter().for_each(|g| g.send_queries());
+                        next_query = now + every;
+                    }
                 }
             });
         if let Err(e) = spawned {

@@ -318,3 +318,91 @@ mod tests {
         assert!(parse(&bad).is_none());
     }
 }
+
+/// Source MAC of the queries dpaa-vnic sends as a querier (locally administered).
+pub const QUERIER_MAC: MacAddr = MacAddr([0x02, 0x00, 0x5e, 0x00, 0x00, 0x01]);
+/// Link-local source of its MLD queries (hosts ignore MLD queries from other scopes).
+pub const QUERIER_V6: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0x5e, 0xff, 0xfe, 0, 0, 1];
+
+fn ethernet(dst: MacAddr, ethertype: u16, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&dst.0);
+    out.extend_from_slice(&QUERIER_MAC.0);
+    out.extend_from_slice(&ethertype.to_be_bytes());
+}
+
+/// An IGMPv3 general query to 224.0.0.1 from 0.0.0.0 (as a bridge querier sends it), with
+/// a router-alert option: hosts answer with reports of everything they hold, within
+/// `max_resp_ds` tenths of a second (at most 12.7 s here).
+pub fn igmp_general_query(max_resp_ds: u8, out: &mut Vec<u8>) {
+    ethernet(MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]), ETHERTYPE_IPV4, out);
+    let mut ip = [
+        0x46, 0xc0, 0, 36, 0, 0, 0x40, 0, 1, PROTO_IGMP, 0, 0, 0, 0, 0, 0, 224, 0, 0, 1, 0x94, 4, 0, 0,
+    ];
+    let c = !fold(partial_sum(&ip, 0));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    // type, max resp code (< 128: linear), checksum, group 0, S/QRV = 2, QQIC = 125 s, no sources
+    let mut q = [0x11, max_resp_ds.min(127), 0, 0, 0, 0, 0, 0, 2, 125, 0, 0];
+    let c = !fold(partial_sum(&q, 0));
+    q[2..4].copy_from_slice(&c.to_be_bytes());
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&q);
+}
+
+/// An MLDv2 general query to ff02::1 from a link-local address, behind a hop-by-hop
+/// router-alert header; `max_resp_ms` below 32768 is encoded linearly.
+pub fn mld_general_query(max_resp_ms: u16, out: &mut Vec<u8>) {
+    ethernet(MacAddr([0x33, 0x33, 0, 0, 0, 1]), ETHERTYPE_IPV6, out);
+    let dst: [u8; 16] = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let mut q = [0u8; 28];
+    q[0] = 130;
+    q[4..6].copy_from_slice(&max_resp_ms.min(32767).to_be_bytes());
+    q[24] = 2; // S/QRV
+    q[25] = 125; // QQIC
+    let mut sum = partial_sum(&QUERIER_V6, 0) + partial_sum(&dst, 0);
+    sum += q.len() as u64 + u64::from(NEXT_ICMPV6);
+    let c = !fold(partial_sum(&q, 0) + sum);
+    q[2..4].copy_from_slice(&c.to_be_bytes());
+    let hbh = [NEXT_ICMPV6, 0, 5, 2, 0, 0, 1, 0];
+    out.extend_from_slice(&[0x60, 0, 0, 0]);
+    out.extend_from_slice(&((hbh.len() + q.len()) as u16).to_be_bytes());
+    out.extend_from_slice(&[NEXT_HOP_BY_HOP, 1]);
+    out.extend_from_slice(&QUERIER_V6);
+    out.extend_from_slice(&dst);
+    out.extend_from_slice(&hbh);
+    out.extend_from_slice(&q);
+}
+
+#[cfg(test)]
+mod query_tests {
+    use super::*;
+
+    #[test]
+    fn igmp_query_golden_checksums() {
+        let mut f = Vec::new();
+        igmp_general_query(10, &mut f);
+        assert_eq!(f.len(), 14 + 24 + 12);
+        // IPv4 header and IGMP message both verify.
+        assert_eq!(fold(partial_sum(&f[14..38], 0)), 0xffff);
+        assert_eq!(fold(partial_sum(&f[38..], 0)), 0xffff);
+        assert_eq!(
+            (f[38], f[39], &f[14 + 16..14 + 20]),
+            (0x11, 10, &[224u8, 0, 0, 1][..])
+        );
+        // A query is not a report.
+        assert!(maybe_report(&f) && parse(&f).is_none());
+    }
+
+    #[test]
+    fn mld_query_verifies_like_a_received_packet() {
+        let mut f = Vec::new();
+        mld_general_query(1000, &mut f);
+        let ip = &f[14..];
+        let m = &ip[48..];
+        let mut sum = partial_sum(&ip[8..40], 0);
+        sum += m.len() as u64 + u64::from(NEXT_ICMPV6);
+        assert_eq!(fold(partial_sum(m, 0) + sum), 0xffff);
+        assert_eq!((m[0], u16::from_be_bytes([m[4], m[5]])), (130, 1000));
+        assert!(maybe_report(&f) && parse(&f).is_none());
+    }
+}

@@ -252,6 +252,31 @@ impl GuestPort {
         }
     }
 
+    /// As querier for `--snoop`: sends an IGMPv3 and an MLDv2 general query to the guest,
+    /// whose answers (reports of everything it holds) refresh the snooped groups.
+    pub fn send_queries(&self) {
+        if !self.snooping || self.attachment() != Some("net") {
+            return;
+        }
+        let mut frame = Vec::with_capacity(128);
+        mcast_report::igmp_general_query(10, &mut frame);
+        self.send(
+            0,
+            &mut Packet {
+                hdr: Default::default(),
+                frame: &mut frame,
+            },
+        );
+        mcast_report::mld_general_query(1000, &mut frame);
+        self.send(
+            0,
+            &mut Packet {
+                hdr: Default::default(),
+                frame: &mut frame,
+            },
+        );
+    }
+
     fn publish(&self, vrings: Vec<Vring>, mem: Mem) {
         let feat = Negotiated {
             bits: self.acked.load(Ordering::Relaxed),
