@@ -9,7 +9,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use dpaa_vnic::device::features::offered;
+use dpaa_vnic::device::features::Negotiated;
 use dpaa_vnic::device::filter::{Filter, FilterRegs, Layout};
+use dpaa_vnic::device::NicState;
 use dpaa_vnic::wire::MacAddr;
 
 fn groups(n: usize, base: u64) -> Vec<MacAddr> {
@@ -70,5 +73,38 @@ fn bench_classify(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_sync, bench_classify);
+/// One whole MAC_TABLE_SET as the control queue applies it (parse, state, filter sync), for
+/// the table of the 1001st join: where the daemon's 1.5 us per control command goes.
+fn bench_table_set(c: &mut Criterion) {
+    let mac = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+    let feat = Negotiated { bits: offered(1) };
+    let table = |n: usize| {
+        let mut cmd = vec![1u8, 0, 0, 0, 0, 0];
+        cmd.extend_from_slice(&(n as u32).to_le_bytes());
+        for m in groups(n, 0) {
+            cmd.extend_from_slice(&m.0);
+        }
+        cmd
+    };
+    let (before, after) = (table(1000), table(1001));
+    let mut g = c.benchmark_group("control");
+    g.bench_function("MAC_TABLE_SET 1001 entries, one new", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
+                n.apply(&feat, &before).unwrap();
+                n
+            },
+            |n| black_box(n.apply(&feat, &after).unwrap()),
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("PROMISC off", |b| {
+        let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
+        b.iter(|| black_box(n.apply(&feat, &[0, 0, 0]).unwrap()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_sync, bench_classify, bench_table_set);
 criterion_main!(benches);

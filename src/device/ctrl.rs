@@ -127,13 +127,15 @@ impl CtrlState {
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
-                let (unicast, rest) = parse_table(data)?;
-                let (multicast, rest) = parse_table(rest)?;
+                // Validate both tables before touching the state, then fill the vectors already
+                // held: a join storm sends thousands of these, each with the whole list.
+                let (unicast, rest) = split_table(data)?;
+                let (multicast, rest) = split_table(rest)?;
                 if !rest.is_empty() {
                     return Err(CtrlError::BadTable("trailing bytes after the multicast table"));
                 }
-                self.rx.unicast = unicast;
-                self.rx.multicast = multicast;
+                fill_table(&mut self.rx.unicast, unicast);
+                fill_table(&mut self.rx.multicast, multicast);
                 Ok(CtrlOutcome::MacTable)
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
@@ -169,20 +171,28 @@ impl CtrlState {
     }
 }
 
-/// One `le32 entries; u8 macs[entries][6]` table; returns it and the bytes after it.
-fn parse_table(b: &[u8]) -> Result<(Vec<MacAddr>, &[u8]), CtrlError> {
+/// One `le32 entries; u8 macs[entries][6]` table: its entry bytes and the bytes after it.
+fn split_table(b: &[u8]) -> Result<(&[u8], &[u8]), CtrlError> {
     let (count, rest) = b
         .split_first_chunk::<4>()
         .ok_or(CtrlError::BadTable("truncated entry count"))?;
     let n = u32::from_le_bytes(*count) as usize;
-    // Check against the buffer before allocating: the count is guest-controlled.
+    // Check against the buffer before using it: the count is guest-controlled.
     let bytes = n
         .checked_mul(6)
         .filter(|b| *b <= rest.len())
         .ok_or(CtrlError::BadTable("entry count overruns the buffer"))?;
-    let (entries, rest) = rest.split_at(bytes);
-    let table = entries.chunks_exact(6).filter_map(MacAddr::from_slice).collect();
-    Ok((table, rest))
+    Ok(rest.split_at(bytes))
+}
+
+/// Replaces `table` with the entries in `bytes` (a multiple of 6), reusing its allocation.
+fn fill_table(table: &mut Vec<MacAddr>, bytes: &[u8]) {
+    table.clear();
+    table.extend(bytes.chunks_exact(6).map(|c| {
+        let mut a = [0u8; 6];
+        a.copy_from_slice(c);
+        MacAddr(a)
+    }));
 }
 
 #[cfg(test)]

@@ -30,7 +30,15 @@ pub enum EthernetError {
 
 /// A 48-bit IEEE MAC address, octet 0 first on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
 pub struct MacAddr(pub [u8; 6]);
+
+/// A list of addresses as its wire bytes, six per address, without copying.
+pub fn mac_bytes(list: &[MacAddr]) -> &[u8] {
+    // SAFETY: MacAddr is repr(transparent) over [u8; 6] (size 6, alignment 1, no padding), so
+    // `list` is 6 * len initialised bytes at the same address, borrowed for the same lifetime.
+    unsafe { std::slice::from_raw_parts(list.as_ptr().cast::<u8>(), list.len() * 6) }
+}
 
 impl MacAddr {
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
@@ -179,6 +187,13 @@ mod tests {
         ] {
             assert!(s.parse::<MacAddr>().is_err(), "{s} accepted");
         }
+    }
+
+    #[test]
+    fn mac_bytes_is_the_wire_order() {
+        let l = [MacAddr([1, 2, 3, 4, 5, 6]), MacAddr([7, 8, 9, 10, 11, 12])];
+        assert_eq!(mac_bytes(&l), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert!(mac_bytes(&[]).is_empty());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::hash::{self, MAX_BUCKETS};
 use super::regs::{mode_flags, FilterRegs, F_MC_OVERFLOW, F_UC_OVERFLOW, TABLE_MAX};
 use super::Layout;
 use crate::device::RxMode;
+use crate::wire::ethernet::mac_bytes;
 use crate::wire::MacAddr;
 
 /// Exact-match address registers for unicast besides the station address (the mEMAC has 7).
@@ -214,13 +215,8 @@ fn sync_list(
     next: &[MacAddr],
     report: &mut SyncReport,
 ) {
-    let prefix = prev.iter().zip(next).take_while(|(a, b)| a == b).count();
-    let suffix = prev[prefix..]
-        .iter()
-        .rev()
-        .zip(next[prefix..].iter().rev())
-        .take_while(|(a, b)| a == b)
-        .count();
+    let prefix = common_prefix(mac_bytes(prev), mac_bytes(next)) / 6;
+    let suffix = common_suffix(mac_bytes(&prev[prefix..]), mac_bytes(&next[prefix..])) / 6;
     let gone = &prev[prefix..prev.len() - suffix];
     let came = &next[prefix..next.len() - suffix];
     // Count arrivals before departures, so an address that only moved never drops to zero.
@@ -248,6 +244,33 @@ fn sync_list(
     }
     prev.clear();
     prev.extend_from_slice(next);
+}
+
+/// Bytes `a` and `b` share at the start: equal 64-byte blocks are compared as slices
+/// (memcmp), only the first unequal block byte by byte.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 64 <= n && a[i..i + 64] == b[i..i + 64] {
+        i += 64;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).take_while(|(x, y)| x == y).count()
+}
+
+/// Bytes `a` and `b` share at the end, the same way.
+fn common_suffix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
+    let mut i = 0;
+    while i + 64 <= n && a[n - i - 64..n - i] == b[n - i - 64..n - i] {
+        i += 64;
+    }
+    i + a[..n - i]
+        .iter()
+        .rev()
+        .zip(b[..n - i].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl Hw {
@@ -298,6 +321,18 @@ mod tests {
 
     fn mc(i: u64) -> MacAddr {
         MacAddr::from_u64(0x0100_5e00_0000 + i)
+    }
+
+    #[test]
+    fn byte_prefix_and_suffix() {
+        let a: Vec<u8> = (0..200).map(|i| i as u8).collect();
+        let mut b = a.clone();
+        b[130] ^= 1;
+        assert_eq!(common_prefix(&a, &b), 130);
+        assert_eq!(common_suffix(&a, &b), 69);
+        assert_eq!(common_prefix(&a, &a[..70]), 70);
+        assert_eq!(common_suffix(&a, &a[150..]), 50);
+        assert_eq!((common_prefix(&[], &a), common_suffix(&a, &[])), (0, 0));
     }
 
     #[test]
