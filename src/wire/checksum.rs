@@ -8,29 +8,25 @@ pub enum ChecksumError {
     OutOfBounds { start: usize, offset: usize, len: usize },
 }
 
-/// One's-complement sum of `data` added to `initial`, not yet folded.
+/// One's-complement sum of `data`'s big-endian 16-bit words added to `initial`, not yet
+/// folded: `fold` of it (or of several such sums added together) is the Internet sum.
 ///
-/// Accumulates eight bytes at a time into a u64 (carries are kept in the upper half and
-/// folded once at the end): the compiler vectorises this, which is several times faster
-/// than a 16-bit loop on full-size frames.
+/// The bytes are summed as little-endian 32-bit words into a u64, a reduction the compiler
+/// turns into wide vector adds, then folded to 16 bits and byte-swapped: one's-complement
+/// sums do not depend on byte order except for that final swap (RFC 1071, 2.B).
 pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
-    let mut acc: u64 = u64::from(initial);
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        // Four big-endian 16-bit words; summing them as two 32-bit halves keeps the
-        // one's-complement result identical after folding.
-        let w = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        acc += (w >> 32) + (w & 0xffff_ffff);
-    }
-    let rest = chunks.remainder();
+    let mut words = data.chunks_exact(4);
+    let mut acc: u64 = (&mut words).map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).sum();
+    let rest = words.remainder();
     let mut pairs = rest.chunks_exact(2);
     for p in &mut pairs {
-        acc += u64::from(u16::from_be_bytes([p[0], p[1]]));
+        acc += u64::from(u16::from_le_bytes([p[0], p[1]]));
     }
     if let [last] = pairs.remainder() {
-        acc += u64::from(*last) << 8;
+        // An odd last byte is the high byte of a big-endian word: the low one here.
+        acc += u64::from(*last);
     }
-    acc
+    u64::from(fold(acc).swap_bytes()) + u64::from(initial)
 }
 
 /// Folds a wide sum to 16 bits (not inverted).
