@@ -16,7 +16,9 @@ pub enum ChecksumError {
 /// sums do not depend on byte order except for that final swap (RFC 1071, 2.B).
 pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
     let mut words = data.chunks_exact(4);
-    let mut acc: u64 = (&mut words).map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).sum();
+    let mut acc: u64 = (&mut words)
+        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .sum();
     let rest = words.remainder();
     let mut pairs = rest.chunks_exact(2);
     for p in &mut pairs {
