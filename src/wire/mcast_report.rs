@@ -51,6 +51,16 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
 }
 
+/// The ICMPv6 pseudo-header's contribution to the checksum (RFC 8200, 8.1): source and
+/// destination address, upper-layer length, next header.
+fn icmpv6_pseudo_sum(src: &[u8], dst: &[u8], len: usize) -> u64 {
+    partial_sum(src, 0)
+        + partial_sum(dst, 0)
+        + (len as u64 >> 16)
+        + (len as u64 & 0xffff)
+        + u64::from(NEXT_ICMPV6)
+}
+
 fn kind(t: u8) -> Option<RecordKind> {
     Some(match t {
         1 => RecordKind::IsInclude,
@@ -148,10 +158,7 @@ fn parse_mld(ip: &[u8]) -> Option<Vec<GroupRecord>> {
     if m.len() < 8 {
         return None;
     }
-    // ICMPv6 checksum over the pseudo-header (source, destination, length, next header).
-    let mut sum = partial_sum(&ip[8..40], 0);
-    sum += (m.len() as u64 >> 16) + (m.len() as u64 & 0xffff) + u64::from(NEXT_ICMPV6);
-    if fold(partial_sum(m, 0) + sum) != 0xffff {
+    if fold(partial_sum(m, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], m.len())) != 0xffff {
         return None;
     }
     let v6 = |b: &[u8], at: usize| -> Option<IpAddr> {
@@ -359,9 +366,7 @@ pub fn mld_general_query(max_resp_ms: u16, out: &mut Vec<u8>) {
     q[4..6].copy_from_slice(&max_resp_ms.min(32767).to_be_bytes());
     q[24] = 2; // S/QRV
     q[25] = 125; // QQIC
-    let mut sum = partial_sum(&QUERIER_V6, 0) + partial_sum(&dst, 0);
-    sum += q.len() as u64 + u64::from(NEXT_ICMPV6);
-    let c = !fold(partial_sum(&q, 0) + sum);
+    let c = !fold(partial_sum(&q, 0) + icmpv6_pseudo_sum(&QUERIER_V6, &dst, q.len()));
     q[2..4].copy_from_slice(&c.to_be_bytes());
     let hbh = [NEXT_ICMPV6, 0, 5, 2, 0, 0, 1, 0];
     out.extend_from_slice(&[0x60, 0, 0, 0]);
@@ -399,9 +404,10 @@ mod query_tests {
         mld_general_query(1000, &mut f);
         let ip = &f[14..];
         let m = &ip[48..];
-        let mut sum = partial_sum(&ip[8..40], 0);
-        sum += m.len() as u64 + u64::from(NEXT_ICMPV6);
-        assert_eq!(fold(partial_sum(m, 0) + sum), 0xffff);
+        assert_eq!(
+            fold(partial_sum(m, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], m.len())),
+            0xffff
+        );
         assert_eq!((m[0], u16::from_be_bytes([m[4], m[5]])), (130, 1000));
         assert!(maybe_report(&f) && parse(&f).is_none());
     }

@@ -288,11 +288,7 @@ impl GuestPort {
         self.acked.store(bits, Ordering::Relaxed);
         // Refresh the published features if vrings are already known.
         if let Some(rx) = self.rx.load_full() {
-            self.rx.store(Some(Arc::new(RxPath {
-                vrings: rx.vrings.clone(),
-                mem: rx.mem.clone(),
-                feat: Negotiated { bits },
-            })));
+            self.publish(rx.vrings.clone(), rx.mem.clone());
         }
     }
 
