@@ -18,8 +18,7 @@ wait_carrier eth0 || exit 1
 ip addr add 10.22.0.2/24 dev eth0
 vnic-udp recv 7020 100000 10 >/tmp/rx 2>&1 & r=\$!
 vnic-mcast ip eth0 239.5.0.1 $J 7021 120 >/tmp/m 2>&1 & m=\$!
-i=0
-until grep -q VNIC-JOINED /tmp/m; do i=\$((i + 1)); [ \$i -gt 600 ] && exit 1; sleep 0.1; done
+wait_line /tmp/m VNIC-JOINED || exit 1
 echo "VNIC-READY"
 wait \$r
 grep received /tmp/rx | sed 's/^/VNIC-RX /'

@@ -13,15 +13,13 @@ ip addr add 10.11.0.2/24 dev eth0
 vnic-udp recv 7040 100000 12 >/tmp/rx 2>&1 & r=$!
 vnic-udp recv 7032 1 180 >/dev/null 2>&1 & go=$!
 vnic-mcast ip eth0 239.7.0.1 30 7031 120 >/tmp/m1 2>&1 & m1=$!
-i=0
-until grep -q VNIC-JOINED /tmp/m1; do i=$((i + 1)); [ $i -gt 600 ] && exit 1; sleep 0.1; done
+wait_line /tmp/m1 VNIC-JOINED || exit 1
 echo "VNIC-PHASE1 $(mcast_snapshot eth0)"
 wait $r
 grep received /tmp/rx | sed 's/^/VNIC-RX /'
 wait $go || exit 1
 vnic-mcast ip eth0 239.8.0.1 100 7033 120 >/tmp/m2 2>&1 & m2=$!
-i=0
-until grep -q VNIC-JOINED /tmp/m2; do i=$((i + 1)); [ $i -gt 600 ] && exit 1; sleep 0.1; done
+wait_line /tmp/m2 VNIC-JOINED || exit 1
 echo "VNIC-PHASE2 $(mcast_snapshot eth0)"
 wait $m1 || exit 1
 wait $m2 || exit 1
