@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::control::qmp::QmpSpec;
 use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
+use crate::pipeline::csum_action::CsumAction;
 use crate::wire::MacAddr;
 
 /// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
@@ -49,6 +50,24 @@ pub enum CtlCommand {
     Stats,
     /// Per-port rx mode and MAC tables (JSON).
     Filter,
+    /// Checksum actions: list, add or delete them while traffic runs.
+    Action {
+        #[command(subcommand)]
+        op: ListAddDel,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ListAddDel {
+    List,
+    /// Appends an action, e.g. `port=0,dir=egress,update=iph+udp`.
+    Add {
+        spec: String,
+    },
+    /// Removes the action with this exact spec.
+    Del {
+        spec: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -95,6 +114,14 @@ pub struct RunArgs {
     /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub snoop_timeout: u64,
+    /// Checksum action (tc act_csum semantics):
+    /// `port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX]`.
+    /// Ports are numbered in --socket order, the tap last. Repeat for several.
+    #[arg(long = "csum-action", value_name = "SPEC")]
+    pub csum_actions: Vec<CsumAction>,
+    /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -123,6 +150,14 @@ pub enum ConfigError {
     SnoopAndQmp(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
+    #[error(
+        "--csum-action {action}: port {port} does not exist ({ports} ports: --socket in order, then --tap)"
+    )]
+    ActionPort {
+        action: String,
+        port: usize,
+        ports: usize,
+    },
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -147,6 +182,8 @@ pub struct Config {
     pub qmp: Vec<QmpSpec>,
     /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
     pub snoop: Option<Option<std::time::Duration>>,
+    pub csum_actions: Vec<CsumAction>,
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -203,6 +240,14 @@ impl TryFrom<RunArgs> for Config {
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
             return Err(ConfigError::ExactLimit(a.exact_limit));
         }
+        let nports = a.sockets.len() + usize::from(a.tap.is_some());
+        if let Some(bad) = a.csum_actions.iter().find(|c| c.port >= nports) {
+            return Err(ConfigError::ActionPort {
+                action: bad.to_string(),
+                port: bad.port,
+                ports: nports,
+            });
+        }
         for (i, s) in a.sockets.iter().enumerate() {
             if a.sockets[..i].contains(s) {
                 return Err(ConfigError::DuplicateSocket(s.display().to_string()));
@@ -230,6 +275,8 @@ impl TryFrom<RunArgs> for Config {
             snoop: a
                 .snoop
                 .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
+            csum_actions: a.csum_actions,
+            metrics: a.metrics,
         })
     }
 }
@@ -287,6 +334,27 @@ mod tests {
         ));
         assert!(Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--mac", "zz"]).is_err());
         assert!(Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--filter", "fman"]).is_err());
+        assert!(
+            Cli::try_parse_from(["dpaa-vnic", "--socket", "a", "--csum-action", "port=0,dir=in"]).is_err()
+        );
+        assert!(matches!(
+            parse(&["--socket", "a", "--csum-action", "port=1,dir=egress,update=udp"]),
+            Err(ConfigError::ActionPort {
+                port: 1,
+                ports: 1,
+                ..
+            })
+        ));
+        let c = parse(&[
+            "--socket",
+            "a",
+            "--tap",
+            "t0",
+            "--csum-action",
+            "port=1,dir=egress,update=udp",
+        ])
+        .unwrap();
+        assert_eq!(c.csum_actions[0].port, 1);
         assert_eq!(
             parse(&["--socket", "a", "--exact-limit", "0"]),
             Err(ConfigError::ExactLimit(0))

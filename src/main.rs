@@ -7,11 +7,12 @@ use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::config::{Cli, Command, Config, CtlCommand};
+use dpaa_vnic::config::{Cli, Command, Config, CtlCommand, ListAddDel};
 use dpaa_vnic::control::view::PortRef;
-use dpaa_vnic::control::ControlServer;
-use dpaa_vnic::control::{client, qmp};
+use dpaa_vnic::control::{client, metrics, qmp};
+use dpaa_vnic::control::{ControlServer, Daemon};
 use dpaa_vnic::device::NetConfig;
+use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::Switch;
 use dpaa_vnic::ports::tap::TapPort;
 use dpaa_vnic::ports::vhost_user::{error_chain, FilterConfig, GuestPort};
@@ -21,11 +22,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Ctl(c)) => {
-            let cmd = match c.what {
-                CtlCommand::Stats => "stats",
-                CtlCommand::Filter => "filter",
+            let (cmd, arg) = match &c.what {
+                CtlCommand::Stats => ("stats", None),
+                CtlCommand::Filter => ("filter", None),
+                CtlCommand::Action { op } => match op {
+                    ListAddDel::List => ("action-list", None),
+                    ListAddDel::Add { spec } => ("action-add", Some(spec.as_str())),
+                    ListAddDel::Del { spec } => ("action-del", Some(spec.as_str())),
+                },
             };
-            match client::request(&c.control, cmd) {
+            match client::request(&c.control, cmd, arg) {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS
@@ -51,7 +57,7 @@ fn run(cfg: Config) -> ExitCode {
     // Only what this process bound is removed on exit, never another daemon's live socket.
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
-    let switch = Arc::new(Switch::new(nports));
+    let switch = Arc::new(Switch::with_rules(Rules::new(nports, cfg.csum_actions.clone())));
     let mut ports = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {
@@ -107,13 +113,24 @@ fn run(cfg: Config) -> ExitCode {
         }
         ports.push(PortRef::Tap(tap));
     }
+    let daemon = Arc::new(Daemon {
+        ports: ports.clone(),
+        switch: switch.clone(),
+    });
     if let Some(path) = &cfg.control {
-        if let Err(e) = ControlServer::new(ports.clone()).start(path) {
+        if let Err(e) = ControlServer::new(daemon.clone()).start(path) {
             error!("{}", error_chain(&e));
             cleanup(&owned);
             return ExitCode::FAILURE;
         }
         owned.push(path.clone());
+    }
+    if let Some(addr) = cfg.metrics {
+        if let Err(e) = metrics::serve(addr, daemon.clone()) {
+            error!("{}", error_chain(&e));
+            cleanup(&owned);
+            return ExitCode::FAILURE;
+        }
     }
     for (p, l) in ports.iter().zip(listeners) {
         if let PortRef::Guest(g) = p {

@@ -67,6 +67,8 @@ queue_counters!(
     rx_filtered,
     rx_mcast_accepted,
     rx_hash_false_positive,
+    csum_updated,
+    csum_failed,
 );
 
 /// Counters of a port's control path (device attachment only).

@@ -33,6 +33,23 @@ fn bad_arguments_exit_2_with_a_message() {
         ),
         (&["--bogus"], "--bogus"),
         (&["ctl", "stats"], "--control"),
+        (
+            &["--socket", "/tmp/x.sock", "--csum-action", "port=0,update=udp"],
+            "missing dir=",
+        ),
+        (
+            &[
+                "--socket",
+                "/tmp/x.sock",
+                "--csum-action",
+                "port=3,dir=egress,update=udp",
+            ],
+            "port 3 does not exist",
+        ),
+        (
+            &["--socket", "/tmp/x.sock", "--metrics", "localhost"],
+            "--metrics",
+        ),
     ] {
         let (code, err) = run(args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -129,4 +146,85 @@ fn ctl_without_a_daemon_fails_clearly() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is the daemon running"));
+}
+
+fn ctl(ctl: &Path, args: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = Command::new(BIN)
+        .args(["ctl", "--control", ctl.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        out.status.success(),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn actions_change_live_and_metrics_serve_prometheus_text() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let ctlp = dir.path().join("ctl.sock");
+    // A free port: bind, read it back, release it for the daemon.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let c = Command::new(BIN)
+        .args(["--socket", sock.to_str().unwrap()])
+        .args(["--control", ctlp.to_str().unwrap(), "--metrics", &metrics])
+        .args(["--csum-action", "port=0,dir=egress,update=iph+udp"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _d = Daemon(c);
+    wait_until("control socket", || ctlp.exists());
+
+    let (ok, v, _) = ctl(&ctlp, &["action", "list"]);
+    assert!(ok);
+    assert_eq!(
+        v["actions"],
+        serde_json::json!(["port=0,dir=egress,update=iph+udp"])
+    );
+    let (ok, v, _) = ctl(
+        &ctlp,
+        &["action", "add", "port=0,dir=ingress,update=tcp,dst=10.0.0.0/8"],
+    );
+    assert!(ok);
+    assert_eq!(v["actions"].as_array().unwrap().len(), 2);
+    let (ok, _, err) = ctl(&ctlp, &["action", "add", "port=9,dir=ingress,update=tcp"]);
+    assert!(!ok && err.contains("port 9 does not exist"), "{err}");
+    let (ok, _, err) = ctl(&ctlp, &["action", "add", "port=0,dir=sideways,update=tcp"]);
+    assert!(!ok && err.contains("bad dir"), "{err}");
+    let (ok, v, _) = ctl(&ctlp, &["action", "del", "port=0,dir=egress,update=iph+udp"]);
+    assert!(ok);
+    assert_eq!(
+        v["actions"],
+        serde_json::json!(["port=0,dir=ingress,update=tcp,dst=10.0.0.0/8"])
+    );
+    let (ok, _, err) = ctl(&ctlp, &["action", "del", "port=0,dir=egress,update=iph+udp"]);
+    assert!(!ok && err.contains("no action"), "{err}");
+
+    let mut body = String::new();
+    wait_until("metrics endpoint", || {
+        body.clear();
+        let Ok(mut s) = std::net::TcpStream::connect(&metrics) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        s.read_to_string(&mut body).is_ok() && body.starts_with("HTTP/1.")
+    });
+    assert!(body.contains("200"), "{body}");
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
+    assert!(
+        body.contains("# TYPE dpaa_vnic_rx_packets_total counter"),
+        "{body}"
+    );
+    assert!(body.contains("dpaa_vnic_csum_updated_total{port=\"0\",kind=\"vhost-user\",queue=\"0\"} 0"));
 }

@@ -15,6 +15,7 @@ use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
 use dpaa_vnic::ports::vhost_user::{FilterConfig, GuestPort};
+use dpaa_vnic::stats::QueueStats;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -39,11 +40,14 @@ const QBASE: [u64; 3] = [0x1000, 0x4000, 0x8000];
 
 /// Port 1 of the switch: records what the guest port forwards.
 #[derive(Default)]
-struct Sink(Mutex<Vec<Vec<u8>>>);
+struct Sink(Mutex<Vec<Vec<u8>>>, QueueStats);
 
 impl Egress for Sink {
     fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
         self.0.lock().unwrap().push(pkt.frame.to_vec());
+    }
+    fn queue_stats(&self, _flow: usize) -> &QueueStats {
+        &self.1
     }
 }
 

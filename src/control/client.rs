@@ -22,14 +22,14 @@ pub enum ClientError {
 }
 
 /// Sends `cmd`, returns the pretty-printed JSON answer.
-pub fn request(path: &Path, cmd: &str) -> Result<String, ClientError> {
+pub fn request(path: &Path, cmd: &str, arg: Option<&str>) -> Result<String, ClientError> {
     let mut s = UnixStream::connect(path).map_err(|source| ClientError::Connect {
         path: path.to_path_buf(),
         source,
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(ClientError::Io)?;
-    let req = serde_json::json!({ "cmd": cmd }).to_string() + "\n";
+    let req = serde_json::json!({ "cmd": cmd, "arg": arg }).to_string() + "\n";
     s.write_all(req.as_bytes()).map_err(ClientError::Io)?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).map_err(ClientError::Io)?;

@@ -1,11 +1,13 @@
 //! The control socket: one JSON request per line, one JSON answer per line.
 //!
-//! Requests: `{"cmd":"stats"}`, `{"cmd":"filter"}`. Answers are objects; failures carry an
-//! `"error"` key.
+//! Requests: `{"cmd":"stats"}`, `{"cmd":"filter"}`, `{"cmd":"action-list"}`,
+//! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`. Answers are objects;
+//! failures carry an `"error"` key.
 
 pub mod client;
+pub mod metrics;
 pub mod qmp;
 pub mod server;
 pub mod view;
 
-pub use server::ControlServer;
+pub use server::{ControlServer, Daemon};

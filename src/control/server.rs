@@ -11,6 +11,8 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::view::{self, PortRef};
+use crate::pipeline::csum_action::CsumAction;
+use crate::pipeline::Switch;
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -30,17 +32,24 @@ pub enum ControlError {
 #[derive(Deserialize)]
 struct Request {
     cmd: String,
+    /// The argument of commands that take one (an action or route spec).
+    #[serde(default)]
+    arg: Option<String>,
+}
+
+/// What the control socket can see and change.
+pub struct Daemon {
+    pub ports: Vec<PortRef>,
+    pub switch: Arc<Switch>,
 }
 
 pub struct ControlServer {
-    ports: Arc<Vec<PortRef>>,
+    daemon: Arc<Daemon>,
 }
 
 impl ControlServer {
-    pub fn new(ports: Vec<PortRef>) -> Self {
-        ControlServer {
-            ports: Arc::new(ports),
-        }
+    pub fn new(daemon: Arc<Daemon>) -> Self {
+        ControlServer { daemon }
     }
 
     /// Binds `path` (replacing a stale socket file) and serves it from a background thread.
@@ -52,19 +61,19 @@ impl ControlServer {
             path: path.to_path_buf(),
             source,
         })?;
-        let ports = self.ports.clone();
+        let daemon = self.daemon.clone();
         thread::Builder::new()
             .name("vnic-control".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     match conn {
                         Ok(s) => {
-                            let ports = ports.clone();
+                            let daemon = daemon.clone();
                             let spawned =
                                 thread::Builder::new()
                                     .name("vnic-ctl-conn".into())
                                     .spawn(move || {
-                                        if let Err(e) = serve_client(&ports, s) {
+                                        if let Err(e) = serve_client(&daemon, s) {
                                             debug!("control client: {e}");
                                         }
                                     });
@@ -81,13 +90,51 @@ impl ControlServer {
     }
 }
 
+fn error(msg: String) -> Result<serde_json::Value, serde_json::Error> {
+    Ok(serde_json::json!({ "error": msg }))
+}
+
+/// Adds or removes a checksum action in a new snapshot of the switch's rules.
+fn edit_actions(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
+    let Some(spec) = arg else {
+        return error("this command needs an action spec".into());
+    };
+    let action = match spec.parse::<CsumAction>() {
+        Ok(a) => a,
+        Err(e) => return error(format!("bad action {spec:?}: {e}")),
+    };
+    let nports = d.switch.nports();
+    let res = d.switch.rules().update(|acts| {
+        if add {
+            if action.port >= nports {
+                return Err(format!("port {} does not exist ({nports} ports)", action.port));
+            }
+            acts.push(action.clone());
+        } else {
+            let i = acts
+                .iter()
+                .position(|a| *a == action)
+                .ok_or_else(|| format!("no action {action}"))?;
+            acts.remove(i);
+        }
+        Ok(())
+    });
+    match res {
+        Ok(()) => serde_json::to_value(view::actions(&d.switch)),
+        Err(e) => error(e),
+    }
+}
+
 /// Answers one request line.
-pub fn answer(ports: &[PortRef], line: &str) -> String {
+pub fn answer(d: &Daemon, line: &str) -> String {
     let reply = match serde_json::from_str::<Request>(line) {
         Ok(r) => match r.cmd.as_str() {
-            "stats" => serde_json::to_value(view::stats(ports)),
-            "filter" => serde_json::to_value(view::filter(ports)),
-            other => Ok(serde_json::json!({ "error": format!("unknown command {other:?}") })),
+            "stats" => serde_json::to_value(view::stats(&d.ports)),
+            "filter" => serde_json::to_value(view::filter(&d.ports)),
+            "action-list" => serde_json::to_value(view::actions(&d.switch)),
+            "action-add" => edit_actions(d, true, r.arg.as_deref()),
+            "action-del" => edit_actions(d, false, r.arg.as_deref()),
+            other => error(format!("unknown command {other:?}")),
         },
         Err(e) => Ok(serde_json::json!({ "error": format!("bad request: {e}") })),
     };
@@ -97,12 +144,12 @@ pub fn answer(ports: &[PortRef], line: &str) -> String {
     }
 }
 
-fn serve_client(ports: &[PortRef], s: UnixStream) -> io::Result<()> {
+fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(io::Read::take(s, MAX_REQUEST));
     let mut line = String::new();
     while r.read_line(&mut line)? > 0 {
-        let mut out = answer(ports, line.trim());
+        let mut out = answer(d, line.trim());
         out.push('\n');
         w.write_all(out.as_bytes())?;
         line.clear();

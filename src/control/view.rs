@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::device::filter::model::{FilterStats, FilterView as HwFilterView};
 use crate::device::RxMode;
+use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
 use crate::stats::{QueueSnapshot, QueueStats};
@@ -156,4 +157,22 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
         })
         .collect();
     FilterView { ports }
+}
+
+#[derive(Serialize)]
+pub struct ActionsView {
+    /// The checksum actions in the order they run, each as `--csum-action` takes it.
+    pub actions: Vec<String>,
+}
+
+pub fn actions(switch: &Switch) -> ActionsView {
+    ActionsView {
+        actions: switch
+            .rules()
+            .load()
+            .actions()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    }
 }

@@ -1,6 +1,9 @@
-//! Per-packet work between ports: the learning switch. No vrings, no fds.
+//! Per-packet work between ports: checksum actions, the learning switch, their live
+//! configuration. No vrings, no fds.
 
+pub mod csum_action;
 pub mod fdb;
+pub mod rules;
 pub mod switch;
 
-pub use switch::{Egress, Packet, Switch};
+pub use switch::{Egress, Ingress, Packet, Switch};

@@ -12,7 +12,7 @@ use log::{debug, info, trace, warn};
 use thiserror::Error;
 
 use super::WarnLimiter;
-use crate::pipeline::{Egress, Packet, Switch};
+use crate::pipeline::{Egress, Ingress, Packet, Switch};
 use crate::stats::QueueStats;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN};
 
@@ -181,12 +181,21 @@ impl TapPort {
                 hdr,
                 frame: &mut buf[HDR_LEN..n],
             };
-            self.switch.forward(self.id, q, &mut pkt);
+            let from = Ingress {
+                port: self.id,
+                queue: q,
+                stats,
+            };
+            self.switch.forward(&from, &mut pkt);
         }
     }
 }
 
 impl Egress for TapPort {
+    fn queue_stats(&self, flow: usize) -> &QueueStats {
+        &self.stats[flow % self.stats.len()]
+    }
+
     fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
         let q = flow % self.queues.len();
         let stats = &self.stats[q];

@@ -44,6 +44,12 @@ pub fn checksum(data: &[u8]) -> u16 {
     !fold(partial_sum(data, 0))
 }
 
+/// RFC 1624 equation 3: the checksum `hc` after one 16-bit word of the data it covers
+/// changes from `old` to `new`, without summing the rest again: HC' = ~(~HC + ~m + m').
+pub fn update16(hc: u16, old: u16, new: u16) -> u16 {
+    !fold(u64::from(!hc) + u64::from(!old) + u64::from(new))
+}
+
 /// Completes a virtio `NEEDS_CSUM` frame in place: the L4 checksum field already holds the
 /// pseudo-header sum, so summing from `csum_start` to the end and storing the inverted fold at
 /// `csum_start + csum_offset` gives the final value.
@@ -121,7 +127,29 @@ mod tests {
         assert_eq!(&f[2..], &[0xff, 0xff]);
     }
 
+    #[test]
+    fn rfc1624_example() {
+        // RFC 1624 section 4: HC 0xdd2f, m 0x5555 -> 0x3285 gives HC' 0x0000.
+        assert_eq!(update16(0xdd2f, 0x5555, 0x3285), 0x0000);
+    }
+
     proptest! {
+        #[test]
+        fn incremental_update_matches_a_full_sum(
+            mut data in proptest::collection::vec(any::<u8>(), 2..200),
+            word in any::<u16>(),
+            at in any::<prop::sample::Index>(),
+        ) {
+            let i = at.index(data.len() / 2) * 2;
+            let before = checksum(&data);
+            let old = u16::from_be_bytes([data[i], data[i + 1]]);
+            data[i..i + 2].copy_from_slice(&word.to_be_bytes());
+            // One's complement has two zeros; the incremental form may yield either.
+            let inc = update16(before, old, word);
+            let full = checksum(&data);
+            prop_assert!(inc == full || (inc == 0xffff && full == 0) || (inc == 0 && full == 0xffff));
+        }
+
         #[test]
         fn wide_sum_matches_reference(data in proptest::collection::vec(any::<u8>(), 0..3000)) {
             prop_assert_eq!(checksum(&data), reference(&data));

@@ -5,6 +5,7 @@
 
 pub mod checksum;
 pub mod ethernet;
+pub mod ip;
 pub mod mcast_report;
 pub mod virtio_net_hdr;
 

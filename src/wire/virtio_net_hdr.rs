@@ -10,6 +10,12 @@ pub const HDR_LEN_LEGACY: usize = 10;
 pub const F_NEEDS_CSUM: u8 = 1;
 pub const F_DATA_VALID: u8 = 2;
 pub const GSO_NONE: u8 = 0;
+pub const GSO_TCPV4: u8 = 1;
+pub const GSO_UDP: u8 = 3;
+pub const GSO_TCPV6: u8 = 4;
+pub const GSO_UDP_L4: u8 = 5;
+/// Flag bit on top of a GSO type: the segments carry ECN's CWR.
+pub const GSO_ECN: u8 = 0x80;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum HdrError {

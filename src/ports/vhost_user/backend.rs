@@ -20,7 +20,7 @@ use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
-use crate::pipeline::Packet;
+use crate::pipeline::{Ingress, Packet};
 use crate::wire::VirtioNetHdr;
 
 /// Largest frame (header included) a guest may transmit: 64 KiB of IP plus L2 headers.
@@ -166,7 +166,12 @@ impl VnicBackend {
                             hdr,
                             frame: &mut buf[hdr_len..n],
                         };
-                        port.switch.forward(port.id, pair, &mut pkt);
+                        let from = Ingress {
+                            port: port.id,
+                            queue: pair,
+                            stats,
+                        };
+                        port.switch.forward(&from, &mut pkt);
                     }
                     Err(e) => {
                         stats.tx_errors.inc();

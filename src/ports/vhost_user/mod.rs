@@ -305,6 +305,10 @@ impl GuestPort {
 }
 
 impl Egress for GuestPort {
+    fn queue_stats(&self, flow: usize) -> &QueueStats {
+        &self.stats[flow % self.stats.len()]
+    }
+
     fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
         let pairs = self.stats.len();
         let guard = self.rx.load();

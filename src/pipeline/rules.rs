@@ -1,0 +1,122 @@
+//! The pipeline's live configuration: immutable snapshots that workers read without a lock
+//! and the control path replaces whole (read-copy-update through `ArcSwap`).
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use super::csum_action::{CsumAction, Dir};
+
+/// One snapshot. Workers load it per packet; nothing in it is written after publication.
+#[derive(Debug, Default, Clone)]
+pub struct Rules {
+    actions: Vec<CsumAction>,
+    /// `actions` split by port and direction, so a port without actions costs one
+    /// bounds-checked index per packet.
+    by_port: Vec<[Vec<CsumAction>; 2]>,
+}
+
+impl Rules {
+    pub fn new(nports: usize, actions: Vec<CsumAction>) -> Self {
+        let mut r = Rules {
+            actions,
+            by_port: vec![Default::default(); nports],
+        };
+        r.index();
+        r
+    }
+
+    fn index(&mut self) {
+        for slot in &mut self.by_port {
+            *slot = Default::default();
+        }
+        for a in &self.actions {
+            if let Some(slot) = self.by_port.get_mut(a.port) {
+                slot[a.dir.index()].push(a.clone());
+            }
+        }
+    }
+
+    pub fn actions(&self) -> &[CsumAction] {
+        &self.actions
+    }
+
+    pub fn actions_for(&self, port: usize, dir: Dir) -> &[CsumAction] {
+        self.by_port.get(port).map_or(&[], |s| &s[dir.index()])
+    }
+
+    pub fn nports(&self) -> usize {
+        self.by_port.len()
+    }
+}
+
+/// The published snapshot plus a writer lock, so concurrent `ctl` edits do not lose each
+/// other's changes. Readers never take the lock.
+#[derive(Debug, Default)]
+pub struct LiveRules {
+    current: ArcSwap<Rules>,
+    writer: Mutex<()>,
+}
+
+impl LiveRules {
+    pub fn new(rules: Rules) -> Self {
+        LiveRules {
+            current: ArcSwap::from_pointee(rules),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// A lock-free read of the current snapshot.
+    #[inline]
+    pub fn load(&self) -> arc_swap::Guard<Arc<Rules>> {
+        self.current.load()
+    }
+
+    /// Copies the snapshot, lets `edit` change the copy, and publishes it if `edit`
+    /// succeeds. Packets in flight finish with the snapshot they loaded.
+    pub fn update<E>(&self, edit: impl FnOnce(&mut Vec<CsumAction>) -> Result<(), E>) -> Result<(), E> {
+        let _w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let cur = self.current.load_full();
+        let mut actions = cur.actions.clone();
+        edit(&mut actions)?;
+        self.current.store(Arc::new(Rules::new(cur.nports(), actions)));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_and_live_update() {
+        let a: CsumAction = "port=1,dir=egress,update=udp".parse().unwrap();
+        let live = LiveRules::new(Rules::new(2, vec![a.clone()]));
+        let before = live.load_full_for_test();
+        assert_eq!(before.actions_for(1, Dir::Egress), std::slice::from_ref(&a));
+        assert!(before.actions_for(1, Dir::Ingress).is_empty());
+        assert!(before.actions_for(7, Dir::Egress).is_empty());
+        live.update(|acts| {
+            acts.clear();
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        // The old snapshot is unchanged for whoever still holds it.
+        assert_eq!(before.actions().len(), 1);
+        assert!(live.load().actions_for(1, Dir::Egress).is_empty());
+        // A failed edit publishes nothing.
+        assert!(live
+            .update(|acts| {
+                acts.push(a.clone());
+                Err("no")
+            })
+            .is_err());
+        assert!(live.load().actions().is_empty());
+    }
+
+    impl LiveRules {
+        fn load_full_for_test(&self) -> Arc<Rules> {
+            self.current.load_full()
+        }
+    }
+}
