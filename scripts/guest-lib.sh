@@ -81,8 +81,12 @@ stop_daemon() {
     wait "$pid" 2>/dev/null || true
 }
 
-# ctl NAME stats|filter
-ctl() { "$VNIC_BIN" ctl --control "$RUN_DIR/$1.ctl" "$2"; }
+# ctl NAME SUBCOMMAND...: e.g. ctl d0 stats, ctl d0 action add SPEC
+ctl() {
+    local name=$1
+    shift
+    "$VNIC_BIN" ctl --control "$RUN_DIR/$name.ctl" "$@"
+}
 
 # daemon_counter DAEMON PORT COUNTER [QUEUE]: a port's total (or one queue's) counter.
 daemon_counter() {
