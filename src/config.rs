@@ -9,6 +9,7 @@ use crate::control::qmp::QmpSpec;
 use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
 use crate::pipeline::csum_action::CsumAction;
+use crate::pipeline::router::{NextHop, Route, RouterIf};
 use crate::wire::MacAddr;
 
 /// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
@@ -55,19 +56,35 @@ pub enum CtlCommand {
         #[command(subcommand)]
         op: ListAddDel,
     },
+    /// Static routes: list (with router interfaces and neighbours), add or delete them.
+    Route {
+        #[command(subcommand)]
+        op: ListAddDel,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ListAddDel {
     List,
-    /// Appends an action, e.g. `port=0,dir=egress,update=iph+udp`.
+    /// Adds one, e.g. `port=0,dir=egress,update=iph+udp` or `10.9.0.0/16,via=10.2.0.2`.
     Add {
         spec: String,
     },
-    /// Removes the action with this exact spec.
+    /// Removes the one with this exact spec.
     Del {
         spec: String,
     },
+}
+
+impl ListAddDel {
+    /// The control-socket command and argument: `<what>-list|add|del`.
+    pub fn request(&self, what: &str) -> (String, Option<&str>) {
+        match self {
+            ListAddDel::List => (format!("{what}-list"), None),
+            ListAddDel::Add { spec } => (format!("{what}-add"), Some(spec)),
+            ListAddDel::Del { spec } => (format!("{what}-del"), Some(spec)),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +139,14 @@ pub struct RunArgs {
     /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24`: it answers
+    /// ARP for it there and routes between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
+    #[arg(long = "router-ip", value_name = "PORT=ADDR/PREFIX")]
+    pub router_ips: Vec<RouterIf>,
+    /// A static route: `PREFIX,via=ADDR` (gateway on a connected prefix) or `PREFIX,port=N`
+    /// (on-link out of port N). Needs --router-ip. Repeat.
+    #[arg(long = "route", value_name = "PREFIX,via=ADDR|port=N")]
+    pub routes: Vec<Route>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -158,6 +183,15 @@ pub enum ConfigError {
         port: usize,
         ports: usize,
     },
+    #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
+    RoutePort {
+        what: &'static str,
+        spec: String,
+        port: usize,
+        ports: usize,
+    },
+    #[error("--route needs at least one --router-ip")]
+    RouteWithoutRouter,
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -184,6 +218,8 @@ pub struct Config {
     pub snoop: Option<Option<std::time::Duration>>,
     pub csum_actions: Vec<CsumAction>,
     pub metrics: Option<std::net::SocketAddr>,
+    pub router_ips: Vec<RouterIf>,
+    pub routes: Vec<Route>,
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -248,6 +284,29 @@ impl TryFrom<RunArgs> for Config {
                 ports: nports,
             });
         }
+        if let Some(bad) = a.router_ips.iter().find(|r| r.port >= nports) {
+            return Err(ConfigError::RoutePort {
+                what: "--router-ip",
+                spec: bad.to_string(),
+                port: bad.port,
+                ports: nports,
+            });
+        }
+        for r in &a.routes {
+            if let NextHop::Port(port) = r.hop {
+                if port >= nports {
+                    return Err(ConfigError::RoutePort {
+                        what: "--route",
+                        spec: r.to_string(),
+                        port,
+                        ports: nports,
+                    });
+                }
+            }
+        }
+        if !a.routes.is_empty() && a.router_ips.is_empty() {
+            return Err(ConfigError::RouteWithoutRouter);
+        }
         for (i, s) in a.sockets.iter().enumerate() {
             if a.sockets[..i].contains(s) {
                 return Err(ConfigError::DuplicateSocket(s.display().to_string()));
@@ -277,6 +336,8 @@ impl TryFrom<RunArgs> for Config {
                 .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
             csum_actions: a.csum_actions,
             metrics: a.metrics,
+            router_ips: a.router_ips,
+            routes: a.routes,
         })
     }
 }

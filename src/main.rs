@@ -7,11 +7,12 @@ use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::config::{Cli, Command, Config, CtlCommand, ListAddDel};
+use dpaa_vnic::config::{Cli, Command, Config, CtlCommand};
 use dpaa_vnic::control::view::PortRef;
 use dpaa_vnic::control::{client, metrics, qmp};
 use dpaa_vnic::control::{ControlServer, Daemon};
 use dpaa_vnic::device::NetConfig;
+use dpaa_vnic::pipeline::router::RouteTable;
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::Switch;
 use dpaa_vnic::ports::tap::TapPort;
@@ -23,15 +24,12 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Ctl(c)) => {
             let (cmd, arg) = match &c.what {
-                CtlCommand::Stats => ("stats", None),
-                CtlCommand::Filter => ("filter", None),
-                CtlCommand::Action { op } => match op {
-                    ListAddDel::List => ("action-list", None),
-                    ListAddDel::Add { spec } => ("action-add", Some(spec.as_str())),
-                    ListAddDel::Del { spec } => ("action-del", Some(spec.as_str())),
-                },
+                CtlCommand::Stats => ("stats".to_string(), None),
+                CtlCommand::Filter => ("filter".to_string(), None),
+                CtlCommand::Action { op } => op.request("action"),
+                CtlCommand::Route { op } => op.request("route"),
             };
-            match client::request(&c.control, cmd, arg) {
+            match client::request(&c.control, &cmd, arg) {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS
@@ -57,7 +55,16 @@ fn run(cfg: Config) -> ExitCode {
     // Only what this process bound is removed on exit, never another daemon's live socket.
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
-    let switch = Arc::new(Switch::with_rules(Rules::new(nports, cfg.csum_actions.clone())));
+    let table = RouteTable {
+        ifaces: cfg.router_ips.clone(),
+        routes: cfg.routes.clone(),
+        ..Default::default()
+    };
+    let switch = Arc::new(Switch::with_rules(Rules::with_router(
+        nports,
+        cfg.csum_actions.clone(),
+        table,
+    )));
     let mut ports = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {

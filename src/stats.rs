@@ -69,6 +69,13 @@ queue_counters!(
     rx_hash_false_positive,
     csum_updated,
     csum_failed,
+    routed,
+    route_cache_hit,
+    route_cache_miss,
+    route_unresolved,
+    route_unreachable,
+    route_ttl_exceeded,
+    route_errors,
 );
 
 /// Counters of a port's control path (device attachment only).

@@ -50,6 +50,22 @@ fn bad_arguments_exit_2_with_a_message() {
             &["--socket", "/tmp/x.sock", "--metrics", "localhost"],
             "--metrics",
         ),
+        (
+            &["--socket", "/tmp/x.sock", "--route", "10.0.0.0/8"],
+            "exactly one of via=ADDR or port=N",
+        ),
+        (
+            &["--socket", "/tmp/x.sock", "--route", "10.0.0.0/8,port=0"],
+            "--route needs at least one --router-ip",
+        ),
+        (
+            &["--socket", "/tmp/x.sock", "--router-ip", "1=10.0.0.1/24"],
+            "port 1 does not exist",
+        ),
+        (
+            &["--socket", "/tmp/x.sock", "--router-ip", "0=10.0.0.0/24"],
+            "not a host address",
+        ),
     ] {
         let (code, err) = run(args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -179,6 +195,12 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         .args(["--socket", sock.to_str().unwrap()])
         .args(["--control", ctlp.to_str().unwrap(), "--metrics", &metrics])
         .args(["--csum-action", "port=0,dir=egress,update=iph+udp"])
+        .args([
+            "--router-ip",
+            "0=10.1.0.1/24",
+            "--route",
+            "10.9.0.0/16,via=10.1.0.7",
+        ])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -208,7 +230,30 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         serde_json::json!(["port=0,dir=ingress,update=tcp,dst=10.0.0.0/8"])
     );
     let (ok, _, err) = ctl(&ctlp, &["action", "del", "port=0,dir=egress,update=iph+udp"]);
-    assert!(!ok && err.contains("no action"), "{err}");
+    assert!(
+        !ok && err.contains("no port=0,dir=egress,update=iph+udp to delete"),
+        "{err}"
+    );
+
+    let (ok, v, _) = ctl(&ctlp, &["route", "list"]);
+    assert!(ok);
+    assert_eq!(v["interfaces"], serde_json::json!(["0=10.1.0.1/24"]));
+    assert_eq!(v["routes"], serde_json::json!(["10.9.0.0/16,via=10.1.0.7"]));
+    assert_eq!(v["router_mac"], "02:76:6e:69:63:01");
+    let g0 = v["generation"].as_u64().unwrap();
+    let (ok, v, _) = ctl(&ctlp, &["route", "add", "10.8.0.0/16,port=0"]);
+    assert!(ok);
+    assert_eq!(v["routes"].as_array().unwrap().len(), 2);
+    assert!(v["generation"].as_u64().unwrap() > g0);
+    let (ok, _, err) = ctl(&ctlp, &["route", "add", "10.8.0.0/16,port=0"]);
+    assert!(!ok && err.contains("already there"), "{err}");
+    let (ok, _, err) = ctl(&ctlp, &["route", "add", "10.7.0.0/16,port=4"]);
+    assert!(!ok && err.contains("port 4 does not exist"), "{err}");
+    let (ok, _, err) = ctl(&ctlp, &["route", "add", "10.7.0.0/16"]);
+    assert!(!ok && err.contains("exactly one of"), "{err}");
+    let (ok, v, _) = ctl(&ctlp, &["route", "del", "10.9.0.0/16,via=10.1.0.7"]);
+    assert!(ok);
+    assert_eq!(v["routes"], serde_json::json!(["10.8.0.0/16,port=0"]));
 
     let mut body = String::new();
     wait_until("metrics endpoint", || {

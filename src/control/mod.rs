@@ -1,8 +1,8 @@
 //! The control socket: one JSON request per line, one JSON answer per line.
 //!
 //! Requests: `{"cmd":"stats"}`, `{"cmd":"filter"}`, `{"cmd":"action-list"}`,
-//! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`. Answers are objects;
-//! failures carry an `"error"` key.
+//! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`, and the same three
+//! for `route`. Answers are objects; failures carry an `"error"` key.
 
 pub mod client;
 pub mod metrics;

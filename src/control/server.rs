@@ -12,6 +12,8 @@ use thiserror::Error;
 
 use super::view::{self, PortRef};
 use crate::pipeline::csum_action::CsumAction;
+use crate::pipeline::router::{NextHop, Route};
+use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
 
 /// Longest request line accepted.
@@ -94,35 +96,75 @@ fn error(msg: String) -> Result<serde_json::Value, serde_json::Error> {
     Ok(serde_json::json!({ "error": msg }))
 }
 
-/// Adds or removes a checksum action in a new snapshot of the switch's rules.
-fn edit_actions(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
-    let Some(spec) = arg else {
-        return error("this command needs an action spec".into());
-    };
-    let action = match spec.parse::<CsumAction>() {
-        Ok(a) => a,
-        Err(e) => return error(format!("bad action {spec:?}: {e}")),
-    };
+/// Adds or removes one entry of a list in the switch's rules (checksum actions, routes), as
+/// a new snapshot: `list` picks the list, `port` names the port an entry needs, if any.
+fn edit_list<T>(
+    d: &Daemon,
+    add: bool,
+    arg: Option<&str>,
+    list: impl FnOnce(&mut Rules) -> Result<&mut Vec<T>, String>,
+    port: impl Fn(&T) -> Option<usize>,
+) -> Result<(), String>
+where
+    T: std::str::FromStr + PartialEq + std::fmt::Display,
+    T::Err: std::fmt::Display,
+{
+    let spec = arg.ok_or("this command needs a spec")?;
+    let item = spec.parse::<T>().map_err(|e| format!("bad spec {spec:?}: {e}"))?;
     let nports = d.switch.nports();
-    let res = d.switch.rules().update(|acts| {
+    d.switch.rules().update(|rules| {
+        let items = list(rules)?;
         if add {
-            if action.port >= nports {
-                return Err(format!("port {} does not exist ({nports} ports)", action.port));
+            if let Some(p) = port(&item).filter(|&p| p >= nports) {
+                return Err(format!("port {p} does not exist ({nports} ports)"));
             }
-            acts.push(action.clone());
+            if items.contains(&item) {
+                return Err(format!("{item} is already there"));
+            }
+            items.push(item);
         } else {
-            let i = acts
+            let i = items
                 .iter()
-                .position(|a| *a == action)
-                .ok_or_else(|| format!("no action {action}"))?;
-            acts.remove(i);
+                .position(|a| *a == item)
+                .ok_or_else(|| format!("no {item} to delete"))?;
+            items.remove(i);
         }
         Ok(())
-    });
-    match res {
-        Ok(()) => serde_json::to_value(view::actions(&d.switch)),
+    })
+}
+
+fn reply<V: serde::Serialize>(
+    r: Result<(), String>,
+    view: impl FnOnce() -> V,
+) -> Result<serde_json::Value, serde_json::Error> {
+    match r {
+        Ok(()) => serde_json::to_value(view()),
         Err(e) => error(e),
     }
+}
+
+fn edit_actions(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
+    let r = edit_list::<CsumAction>(d, add, arg, |r| Ok(&mut r.actions), |a| Some(a.port));
+    reply(r, || view::actions(&d.switch))
+}
+
+fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
+    let r = edit_list::<Route>(
+        d,
+        add,
+        arg,
+        |r| {
+            if !r.router.enabled() {
+                return Err("the router is off: start the daemon with --router-ip".into());
+            }
+            Ok(&mut r.router.routes)
+        },
+        |r| match r.hop {
+            NextHop::Port(p) => Some(p),
+            NextHop::Via(_) => None,
+        },
+    );
+    reply(r, || view::routes(&d.switch))
 }
 
 /// Answers one request line.
@@ -134,6 +176,9 @@ pub fn answer(d: &Daemon, line: &str) -> String {
             "action-list" => serde_json::to_value(view::actions(&d.switch)),
             "action-add" => edit_actions(d, true, r.arg.as_deref()),
             "action-del" => edit_actions(d, false, r.arg.as_deref()),
+            "route-list" => serde_json::to_value(view::routes(&d.switch)),
+            "route-add" => edit_routes(d, true, r.arg.as_deref()),
+            "route-del" => edit_routes(d, false, r.arg.as_deref()),
             other => error(format!("unknown command {other:?}")),
         },
         Err(e) => Ok(serde_json::json!({ "error": format!("bad request: {e}") })),

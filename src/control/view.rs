@@ -176,3 +176,33 @@ pub fn actions(switch: &Switch) -> ActionsView {
             .collect(),
     }
 }
+
+#[derive(Serialize)]
+pub struct Neighbour {
+    pub ip: std::net::IpAddr,
+    pub mac: MacAddr,
+}
+
+#[derive(Serialize)]
+pub struct RoutesView {
+    /// Bumped by every change; each queue's route cache follows it.
+    pub generation: u64,
+    pub router_mac: MacAddr,
+    pub interfaces: Vec<String>,
+    pub routes: Vec<String>,
+    pub neighbours: Vec<Neighbour>,
+}
+
+pub fn routes(switch: &Switch) -> RoutesView {
+    let rules = switch.rules().load();
+    let t = &rules.router;
+    let mut neighbours: Vec<Neighbour> = t.neigh.iter().map(|(&ip, &mac)| Neighbour { ip, mac }).collect();
+    neighbours.sort_by_key(|n| n.ip);
+    RoutesView {
+        generation: rules.generation(),
+        router_mac: crate::pipeline::router::ROUTER_MAC,
+        interfaces: t.ifaces.iter().map(ToString::to_string).collect(),
+        routes: t.routes.iter().map(ToString::to_string).collect(),
+        neighbours,
+    }
+}

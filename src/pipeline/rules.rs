@@ -1,16 +1,24 @@
 //! The pipeline's live configuration: immutable snapshots that workers read without a lock
 //! and the control path replaces whole (read-copy-update through `ArcSwap`).
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
 use super::csum_action::{CsumAction, Dir};
+use super::router::RouteTable;
+use crate::wire::MacAddr;
 
 /// One snapshot. Workers load it per packet; nothing in it is written after publication.
 #[derive(Debug, Default, Clone)]
 pub struct Rules {
-    actions: Vec<CsumAction>,
+    /// Checksum actions in the order they run.
+    pub actions: Vec<CsumAction>,
+    /// Router interfaces, routes and neighbours.
+    pub router: RouteTable,
+    /// Bumped by every published change: route caches keyed on it drop stale entries.
+    generation: u64,
     /// `actions` split by port and direction, so a port without actions costs one
     /// bounds-checked index per packet.
     by_port: Vec<[Vec<CsumAction>; 2]>,
@@ -18,8 +26,14 @@ pub struct Rules {
 
 impl Rules {
     pub fn new(nports: usize, actions: Vec<CsumAction>) -> Self {
+        Self::with_router(nports, actions, RouteTable::default())
+    }
+
+    pub fn with_router(nports: usize, actions: Vec<CsumAction>, router: RouteTable) -> Self {
         let mut r = Rules {
             actions,
+            router,
+            generation: 1,
             by_port: vec![Default::default(); nports],
         };
         r.index();
@@ -48,10 +62,14 @@ impl Rules {
     pub fn nports(&self) -> usize {
         self.by_port.len()
     }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
 }
 
-/// The published snapshot plus a writer lock, so concurrent `ctl` edits do not lose each
-/// other's changes. Readers never take the lock.
+/// The published snapshot plus a writer lock, so concurrent edits (`ctl`, neighbours
+/// learned by different workers) do not lose each other's changes. Readers never take it.
 #[derive(Debug, Default)]
 pub struct LiveRules {
     current: ArcSwap<Rules>,
@@ -72,15 +90,30 @@ impl LiveRules {
         self.current.load()
     }
 
-    /// Copies the snapshot, lets `edit` change the copy, and publishes it if `edit`
-    /// succeeds. Packets in flight finish with the snapshot they loaded.
-    pub fn update<E>(&self, edit: impl FnOnce(&mut Vec<CsumAction>) -> Result<(), E>) -> Result<(), E> {
+    /// Copies the snapshot, lets `edit` change the copy's actions and router tables, and
+    /// publishes it with the next generation if `edit` succeeds. Packets in flight finish
+    /// with the snapshot they loaded.
+    pub fn update<E>(&self, edit: impl FnOnce(&mut Rules) -> Result<(), E>) -> Result<(), E> {
         let _w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let cur = self.current.load_full();
-        let mut actions = cur.actions.clone();
-        edit(&mut actions)?;
-        self.current.store(Arc::new(Rules::new(cur.nports(), actions)));
+        let mut next = Rules::clone(&self.current.load_full());
+        edit(&mut next)?;
+        next.generation += 1;
+        next.index();
+        self.current.store(Arc::new(next));
         Ok(())
+    }
+
+    /// Records a neighbour's MAC. Publishes (and so invalidates route caches) only when the
+    /// entry is new or changed: ARP refreshes of known neighbours cost a lookup.
+    pub fn learn_neighbour(&self, ip: IpAddr, mac: MacAddr) -> bool {
+        if self.load().router.neigh.get(&ip) == Some(&mac) {
+            return false;
+        }
+        self.update(|r| {
+            r.router.neigh.insert(ip, mac);
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .is_ok()
     }
 }
 
@@ -92,31 +125,39 @@ mod tests {
     fn index_and_live_update() {
         let a: CsumAction = "port=1,dir=egress,update=udp".parse().unwrap();
         let live = LiveRules::new(Rules::new(2, vec![a.clone()]));
-        let before = live.load_full_for_test();
+        let before = live.current.load_full();
         assert_eq!(before.actions_for(1, Dir::Egress), std::slice::from_ref(&a));
         assert!(before.actions_for(1, Dir::Ingress).is_empty());
         assert!(before.actions_for(7, Dir::Egress).is_empty());
-        live.update(|acts| {
-            acts.clear();
+        live.update(|r| {
+            r.actions.clear();
             Ok::<_, ()>(())
         })
         .unwrap();
         // The old snapshot is unchanged for whoever still holds it.
         assert_eq!(before.actions().len(), 1);
         assert!(live.load().actions_for(1, Dir::Egress).is_empty());
+        assert_eq!(live.load().generation(), before.generation() + 1);
         // A failed edit publishes nothing.
         assert!(live
-            .update(|acts| {
-                acts.push(a.clone());
+            .update(|r| {
+                r.actions.push(a.clone());
                 Err("no")
             })
             .is_err());
         assert!(live.load().actions().is_empty());
+        assert_eq!(live.load().generation(), before.generation() + 1);
     }
 
-    impl LiveRules {
-        fn load_full_for_test(&self) -> Arc<Rules> {
-            self.current.load_full()
-        }
+    #[test]
+    fn learning_a_known_neighbour_publishes_nothing() {
+        let live = LiveRules::new(Rules::new(1, Vec::new()));
+        let (ip, mac) = ("10.0.0.2".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 2]));
+        let g = live.load().generation();
+        assert!(live.learn_neighbour(ip, mac));
+        assert!(!live.learn_neighbour(ip, mac));
+        assert_eq!(live.load().generation(), g + 1);
+        assert!(live.learn_neighbour(ip, MacAddr([2, 0, 0, 0, 0, 3])));
+        assert_eq!(live.load().generation(), g + 2);
     }
 }

@@ -8,6 +8,7 @@ use log::trace;
 
 use super::csum_action::{self, Dir, Verdict};
 use super::fdb::Fdb;
+use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::QueueStats;
 use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
@@ -28,11 +29,13 @@ pub trait Egress: Send + Sync {
     fn queue_stats(&self, flow: usize) -> &QueueStats;
 }
 
-/// The worker a frame enters through: its port, its queue, and that queue's counters.
+/// The worker a frame enters through: its port, its queue, and what that worker owns (its
+/// queue's counters, its route cache).
 pub struct Ingress<'a> {
     pub port: usize,
     pub queue: usize,
     pub stats: &'a QueueStats,
+    pub routes: &'a mut RouteCache,
 }
 
 /// Where a frame went.
@@ -42,6 +45,8 @@ pub enum Forwarded {
     Flooded,
     /// The destination is the port it came from, a runt, or an action dropped it.
     Dropped,
+    /// The router took it: answered, learned from, or dropped with a reason it counted.
+    Routed,
 }
 
 thread_local! {
@@ -104,7 +109,7 @@ impl Switch {
         self.ports.len()
     }
 
-    pub fn forward(&self, from: &Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
+    pub fn forward(&self, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
         let rules = self.rules.load();
         let src = from.port;
         let ingress = rules.actions_for(src, Dir::Ingress);
@@ -114,11 +119,46 @@ impl Switch {
         let Ok(eth) = EthernetFrame::new_checked(&*pkt.frame) else {
             return Forwarded::Dropped;
         };
-        let (dst, smac): (MacAddr, MacAddr) = (eth.dst(), eth.src());
+        let (mut dst, smac): (MacAddr, MacAddr) = (eth.dst(), eth.src());
         self.fdb.learn(&smac, src);
+        let mut routed = false;
+        if rules.router.enabled() {
+            let r = router::handle(
+                &rules.router,
+                rules.generation(),
+                src,
+                pkt.frame,
+                from.routes,
+                from.stats,
+            );
+            if let Some((ip, mac)) = r.learn {
+                self.rules.learn_neighbour(ip, mac);
+            }
+            match r.step {
+                Step::Switch => {}
+                Step::Done => return Forwarded::Routed,
+                Step::Emit { port } => {
+                    let mut frame = std::mem::take(&mut from.routes.scratch);
+                    self.send_to(&rules, port, from.queue, &mut frame);
+                    from.routes.scratch = frame;
+                    return Forwarded::Routed;
+                }
+                Step::Bounce { port } => {
+                    if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
+                        self.deliver(&rules, port, &**p, from.queue, pkt, false);
+                    }
+                    return Forwarded::Routed;
+                }
+                Step::Routed => {
+                    routed = true;
+                    dst = MacAddr::from_slice(pkt.frame).unwrap_or(dst);
+                }
+            }
+        }
         if dst.is_unicast() {
             if let Some(out) = self.fdb.lookup(&dst) {
-                if out == src {
+                // A routed packet may leave by the port it came in on (both subnets there).
+                if out == src && !routed {
                     return Forwarded::Dropped;
                 }
                 if let Some(p) = self.ports.get(out).and_then(OnceLock::get) {
@@ -138,6 +178,17 @@ impl Switch {
             }
         }
         Forwarded::Flooded
+    }
+
+    /// Sends a frame the switch originated (router replies) to one port.
+    fn send_to(&self, rules: &Rules, port: usize, flow: usize, frame: &mut [u8]) {
+        if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
+            let mut pkt = Packet {
+                hdr: VirtioNetHdr::default(),
+                frame,
+            };
+            self.deliver(rules, port, &**p, flow, &mut pkt, false);
+        }
     }
 
     /// Sends to one port through its egress actions. `shared`: other ports get the same
@@ -228,13 +279,15 @@ mod tests {
     }
 
     fn send(sw: &Switch, port: usize, stats: &QueueStats, mut f: Vec<u8>) -> Forwarded {
-        let from = Ingress {
+        let mut routes = RouteCache::default();
+        let mut from = Ingress {
             port,
             queue: 0,
             stats,
+            routes: &mut routes,
         };
         sw.forward(
-            &from,
+            &mut from,
             &mut Packet {
                 hdr: VirtioNetHdr::default(),
                 frame: &mut f,
@@ -307,8 +360,9 @@ mod tests {
         // No actions: the lying frame goes through untouched.
         assert_eq!(send(&sw, 0, &st, lying.clone()), Forwarded::Flooded);
         sw.rules()
-            .update(|a| {
-                a.push("port=0,dir=ingress,update=iph+udp".parse().unwrap());
+            .update(|r| {
+                r.actions
+                    .push("port=0,dir=ingress,update=iph+udp".parse().unwrap());
                 Ok::<_, ()>(())
             })
             .unwrap();
@@ -317,5 +371,176 @@ mod tests {
         assert_eq!(send(&sw, 0, &st, bad_iph_frame()), Forwarded::Flooded);
         assert_eq!(st.csum_updated.get(), 1);
         assert_eq!(counts(&sinks), vec![0, 2]);
+    }
+
+    mod routing {
+        use super::*;
+        use crate::pipeline::router::{RouteTable, ROUTER_MAC};
+        use crate::wire::arp::{self, ArpPacket};
+        use crate::wire::checksum::checksum;
+        use crate::wire::ip::Ipv4Packet;
+        use std::net::Ipv4Addr;
+
+        const A: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa]);
+        const B: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
+
+        fn router() -> (Switch, Vec<Arc<Sink>>) {
+            let table = RouteTable {
+                ifaces: vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()],
+                ..Default::default()
+            };
+            let sw = Switch::with_rules(Rules::with_router(3, Vec::new(), table));
+            let sinks = plug(&sw);
+            (sw, sinks)
+        }
+
+        fn udp_to(dst: [u8; 4], ttl: u8) -> Vec<u8> {
+            let mut f = ROUTER_MAC.0.to_vec();
+            f.extend_from_slice(&A.0);
+            f.extend_from_slice(&[0x08, 0x00]);
+            let mut ip = vec![0x45, 0, 0, 32, 0, 1, 0, 0, ttl, 17, 0, 0, 10, 1, 0, 2];
+            ip.extend_from_slice(&dst);
+            let c = checksum(&ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f.extend_from_slice(&ip);
+            f.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 12, 0, 0, b'p', b'i', b'n', b'g']);
+            f
+        }
+
+        fn last(s: &Sink) -> Vec<u8> {
+            s.got.lock().unwrap().last().cloned().unwrap_or_default()
+        }
+
+        #[test]
+        fn arp_then_route_with_a_per_queue_cache() {
+            let (sw, sinks) = router();
+            let st = QueueStats::default();
+            let mut routes = RouteCache::default();
+            let mut go = |port: usize, mut f: Vec<u8>| {
+                let mut from = Ingress {
+                    port,
+                    queue: 0,
+                    stats: &st,
+                    routes: &mut routes,
+                };
+                sw.forward(
+                    &mut from,
+                    &mut Packet {
+                        hdr: VirtioNetHdr::default(),
+                        frame: &mut f,
+                    },
+                )
+            };
+            // A asks for its gateway: the router answers on port 0 and learns A.
+            let mut req = Vec::new();
+            let (a_ip, b_ip) = (Ipv4Addr::new(10, 1, 0, 2), Ipv4Addr::new(10, 2, 0, 2));
+            arp::build(
+                &mut req,
+                arp::OP_REQUEST,
+                MacAddr::BROADCAST,
+                (A, a_ip),
+                (MacAddr::default(), Ipv4Addr::new(10, 1, 0, 1)),
+            );
+            assert_eq!(go(0, req), Forwarded::Routed);
+            let reply = last(&sinks[0]);
+            let a = ArpPacket::new_checked(&reply[14..]).unwrap();
+            assert_eq!(
+                (a.op(), a.sender_mac(), &reply[..6]),
+                (arp::OP_REPLY, ROUTER_MAC, &A.0[..])
+            );
+            assert_eq!(sw.rules().load().router.neigh.get(&a_ip.into()), Some(&A));
+
+            // To B, not yet resolved: the router asks on port 1 and drops the packet.
+            assert_eq!(go(0, udp_to(b_ip.octets(), 64)), Forwarded::Routed);
+            let ask = last(&sinks[1]);
+            let a = ArpPacket::new_checked(&ask[14..]).unwrap();
+            assert_eq!(
+                (a.op(), a.target_ip(), a.sender_ip()),
+                (arp::OP_REQUEST, b_ip, Ipv4Addr::new(10, 2, 0, 1))
+            );
+            assert_eq!((st.route_unresolved.get(), st.route_cache_miss.get()), (1, 1));
+            // B answers; the reply is for the router and goes no further.
+            let mut rep = Vec::new();
+            arp::build(
+                &mut rep,
+                arp::OP_REPLY,
+                ROUTER_MAC,
+                (B, b_ip),
+                (ROUTER_MAC, Ipv4Addr::new(10, 2, 0, 1)),
+            );
+            let before = counts(&sinks);
+            assert_eq!(go(1, rep), Forwarded::Routed);
+            assert_eq!(counts(&sinks), before);
+
+            // Now it routes: MAC rewrite, TTL 64 -> 63 with a valid header checksum.
+            assert_eq!(go(0, udp_to(b_ip.octets(), 64)), Forwarded::Unicast(1));
+            let out = last(&sinks[1]);
+            assert_eq!((&out[..6], &out[6..12]), (&B.0[..], &ROUTER_MAC.0[..]));
+            let ip = Ipv4Packet::new_checked(&out[14..]).unwrap();
+            assert_eq!(ip.ttl(), 63);
+            assert_eq!(checksum(&out[14..34]), 0);
+            assert_eq!((st.route_cache_miss.get(), st.route_cache_hit.get()), (2, 0));
+            go(0, udp_to(b_ip.octets(), 64));
+            assert_eq!(
+                (
+                    st.route_cache_miss.get(),
+                    st.route_cache_hit.get(),
+                    st.routed.get()
+                ),
+                (2, 1, 2)
+            );
+
+            // A route change moves the generation: the next packet misses once.
+            sw.rules()
+                .update(|r| {
+                    r.router
+                        .routes
+                        .push("192.168.0.0/16,via=10.2.0.2".parse().unwrap());
+                    Ok::<_, ()>(())
+                })
+                .unwrap();
+            go(0, udp_to(b_ip.octets(), 64));
+            assert_eq!(st.route_cache_miss.get(), 3);
+            assert_eq!(go(0, udp_to([192, 168, 3, 4], 64)), Forwarded::Unicast(1));
+            assert_eq!(&last(&sinks[1])[..6], &B.0[..]);
+
+            // TTL 1: time exceeded back to A, quoting the packet.
+            assert_eq!(go(0, udp_to(b_ip.octets(), 1)), Forwarded::Routed);
+            let err = last(&sinks[0]);
+            assert_eq!((&err[..6], err[34], err[35]), (&A.0[..], 11, 0));
+            assert_eq!(checksum(&err[34..]), 0);
+            assert_eq!(&err[42..62], &udp_to(b_ip.octets(), 1)[14..34]);
+            // No route: net unreachable.
+            go(0, udp_to([8, 8, 8, 8], 64));
+            assert_eq!(
+                (
+                    last(&sinks[0])[34],
+                    st.route_unreachable.get(),
+                    st.route_ttl_exceeded.get()
+                ),
+                (3, 1, 1)
+            );
+            // A ping to the router's far address is answered.
+            let mut ping = udp_to([10, 2, 0, 1], 64);
+            ping[23] = 1;
+            ping[24..26].copy_from_slice(&[0, 0]);
+            let c = checksum(&ping[14..34]);
+            ping[24..26].copy_from_slice(&c.to_be_bytes());
+            ping[34..42].copy_from_slice(&[8, 0, 0, 0, 0, 1, 0, 1]);
+            let c = checksum(&ping[34..]);
+            ping[36..38].copy_from_slice(&c.to_be_bytes());
+            go(0, ping);
+            let pong = last(&sinks[0]);
+            assert_eq!(
+                (pong[34], &pong[26..30], &pong[30..34]),
+                (0, &[10, 2, 0, 1][..], &[10, 1, 0, 2][..])
+            );
+            assert_eq!((checksum(&pong[14..34]), checksum(&pong[34..])), (0, 0));
+            // A corrupt header is dropped and counted, never routed.
+            let mut bad = udp_to(b_ip.octets(), 64);
+            bad[24] ^= 0xff;
+            assert_eq!(go(0, bad), Forwarded::Routed);
+            assert_eq!(st.route_errors.get(), 1);
+        }
     }
 }

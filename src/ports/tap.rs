@@ -12,6 +12,7 @@ use log::{debug, info, trace, warn};
 use thiserror::Error;
 
 use super::WarnLimiter;
+use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Egress, Ingress, Packet, Switch};
 use crate::stats::QueueStats;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN};
@@ -155,6 +156,7 @@ impl TapPort {
 
     fn read_loop(&self, q: usize) {
         let mut buf = vec![0u8; RX_BUF];
+        let mut routes = RouteCache::default();
         let stats = &self.stats[q];
         let mut f = &self.queues[q];
         loop {
@@ -181,12 +183,13 @@ impl TapPort {
                 hdr,
                 frame: &mut buf[HDR_LEN..n],
             };
-            let from = Ingress {
+            let mut from = Ingress {
                 port: self.id,
                 queue: q,
                 stats,
+                routes: &mut routes,
             };
-            self.switch.forward(&from, &mut pkt);
+            self.switch.forward(&mut from, &mut pkt);
         }
     }
 }

@@ -3,8 +3,10 @@
 //! Untrusted bytes enter only through `new_checked` constructors, which validate lengths
 //! once so that the accessors can index without further checks.
 
+pub mod arp;
 pub mod checksum;
 pub mod ethernet;
+pub mod icmp;
 pub mod ip;
 pub mod mcast_report;
 pub mod virtio_net_hdr;

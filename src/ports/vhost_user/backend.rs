@@ -20,6 +20,7 @@ use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
+use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
 use crate::wire::VirtioNetHdr;
 
@@ -37,7 +38,15 @@ struct Session {
     attach: Vec<EventFd>,
     captured: Mutex<Vec<Option<Vring>>>,
     /// Per worker thread: only that thread locks its own buffer.
-    scratch: Vec<Mutex<Vec<u8>>>,
+    scratch: Vec<Mutex<Worker>>,
+}
+
+/// What one worker thread owns: its frame buffer and its route cache. Only that thread
+/// locks it, so the lock is never contended.
+#[derive(Default)]
+struct Worker {
+    buf: Vec<u8>,
+    routes: RouteCache,
 }
 
 #[derive(Clone)]
@@ -56,7 +65,7 @@ impl VnicBackend {
         let attach = (0..threads)
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
-        let scratch = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+        let scratch = (0..threads).map(|_| Mutex::new(Worker::default())).collect();
         let pairs = usize::from(port.queue_pairs);
         Ok(VnicBackend(Arc::new(Session {
             port,
@@ -126,7 +135,8 @@ impl VnicBackend {
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
         let mem = self.0.mem.memory();
-        let mut buf = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let Worker { buf, routes } = &mut *worker;
         if buf.len() < TX_BUF {
             buf.resize(TX_BUF, 0);
         }
@@ -140,7 +150,7 @@ impl VnicBackend {
                 let popped = {
                     let mut st = vring.get_mut();
                     let q = st.get_queue_mut();
-                    let t = pop_tx(q, &*mem, hdr_len, &mut buf);
+                    let t = pop_tx(q, &*mem, hdr_len, buf);
                     if let Some(t) = &t {
                         q.add_used(&*mem, t.head, 0).map_err(io::Error::other)?;
                     }
@@ -166,12 +176,13 @@ impl VnicBackend {
                             hdr,
                             frame: &mut buf[hdr_len..n],
                         };
-                        let from = Ingress {
+                        let mut from = Ingress {
                             port: port.id,
                             queue: pair,
                             stats,
+                            routes,
                         };
-                        port.switch.forward(&from, &mut pkt);
+                        port.switch.forward(&mut from, &mut pkt);
                     }
                     Err(e) => {
                         stats.tx_errors.inc();
@@ -199,12 +210,13 @@ impl VnicBackend {
     fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
-        let mut buf = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let buf = &mut worker.buf;
         let window = self.0.port.ctrl_poll;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
             let mut served = false;
-            while self.ctrl_one(vring, &feat, &mem, &mut buf)? {
+            while self.ctrl_one(vring, &feat, &mem, buf)? {
                 served = true;
             }
             if served && self.wants_interrupt(vring)? {
