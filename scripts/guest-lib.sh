@@ -151,7 +151,7 @@ start_guest() {
             ((queues > 1)) && nic+=",mq=on,vectors=$((2 * queues + 2))"
             ;;
         device)
-            nic="-device vhost-user-test-device-pci,chardev=c0,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=12"
+            nic="-device vhost-user-test-device-pci,chardev=c0,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=24"
             ;;
         qemu-tap)
             ensure_chroot_tun

@@ -1,8 +1,9 @@
 /*
  * vnic-udp: counted UDP exchange for dpaa-vnic guest tests (static, no libc extras).
- *   vnic-udp send ADDR PORT COUNT [SIZE [PPS]]
+ *   vnic-udp send ADDR PORT COUNT [SIZE [PPS [SPORT]]]
  *                                          send COUNT datagrams of SIZE bytes (default 64),
- *                                          at most PPS per second (default: unpaced)
+ *                                          at most PPS per second (default/0: unpaced),
+ *                                          from source port SPORT (default: any)
  *   vnic-udp recv PORT COUNT TIMEOUT_S     receive until COUNT datagrams or timeout;
  *                                          prints "received N" (then the rate between the
  *                                          first and last datagram) and exits 0 only if
@@ -25,9 +26,13 @@ static long now_ms(void) {
     return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
 }
 
-static int do_send(const char *addr, int port, long count, int size, long pps) {
+static int do_send(const char *addr, int port, long count, int size, long pps, int sport) {
     int s = socket(AF_INET, SOCK_DGRAM, 0);
     if (s < 0) { perror("socket"); return 1; }
+    if (sport > 0) {
+        struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(sport) };
+        if (bind(s, (struct sockaddr *)&me, sizeof(me)) < 0) { perror("bind"); return 1; }
+    }
     struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(port) };
     if (inet_pton(AF_INET, addr, &to.sin_addr) != 1) { fprintf(stderr, "bad address %s\n", addr); return 2; }
     char buf[65536];
@@ -87,9 +92,9 @@ static int do_recv(int port, long count, int timeout_s) {
 int main(int argc, char **argv) {
     if (argc >= 5 && strcmp(argv[1], "send") == 0)
         return do_send(argv[2], atoi(argv[3]), atol(argv[4]), argc > 5 ? atoi(argv[5]) : 64,
-                       argc > 6 ? atol(argv[6]) : 0);
+                       argc > 6 ? atol(argv[6]) : 0, argc > 7 ? atoi(argv[7]) : 0);
     if (argc == 5 && strcmp(argv[1], "recv") == 0)
         return do_recv(atoi(argv[2]), atol(argv[3]), atoi(argv[4]));
-    fprintf(stderr, "usage: vnic-udp send ADDR PORT COUNT [SIZE [PPS]] | recv PORT COUNT TIMEOUT_S\n");
+    fprintf(stderr, "usage: vnic-udp send ADDR PORT COUNT [SIZE [PPS [SPORT]]] | recv PORT COUNT TIMEOUT_S\n");
     return 2;
 }

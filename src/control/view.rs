@@ -127,6 +127,19 @@ pub struct PortFilter {
     pub filter: HwFilterView,
     /// With --snoop: groups learned from the guest's reports.
     pub snooped_groups: Option<usize>,
+    /// RX steering: the driver's RSS / hash configuration, if it sent one.
+    pub rss: Option<RssView>,
+    /// The driver negotiated VIRTIO_NET_F_HASH_REPORT: each frame carries its hash.
+    pub hash_report: bool,
+}
+
+#[derive(Serialize)]
+pub struct RssView {
+    pub hash_types: u32,
+    pub indirection: Vec<u16>,
+    pub unclassified_queue: u16,
+    /// Hex, as `ethtool -x` prints it without colons.
+    pub key: String,
 }
 
 #[derive(Serialize)]
@@ -151,6 +164,13 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                     active_queue_pairs: n.ctrl.active_queue_pairs,
                     filter: n.filter.view(),
                     snooped_groups: n.snoop.as_ref().map(|s| s.groups()),
+                    rss: n.steering.load().config.as_ref().map(|c| RssView {
+                        hash_types: c.hash_types,
+                        indirection: c.indirection.clone(),
+                        unclassified_queue: c.unclassified_queue,
+                        key: c.key.iter().map(|b| format!("{b:02x}")).collect(),
+                    }),
+                    hash_report: g.negotiated().hash_report(),
                 })
             }
             PortRef::Tap(_) => None,

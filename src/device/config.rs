@@ -2,10 +2,12 @@
 
 use virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP;
 
+use super::rss;
 use crate::wire::MacAddr;
 
-/// Bytes of config space we serve: mac, status, max_virtqueue_pairs, mtu.
-pub const CONFIG_LEN: usize = 12;
+/// Bytes of config space we serve: mac, status, max_virtqueue_pairs, mtu, speed, duplex,
+/// rss_max_key_size, rss_max_indirection_table_length, supported_hash_types.
+pub const CONFIG_LEN: usize = 24;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NetConfig {
@@ -27,6 +29,12 @@ impl NetConfig {
         b[6..8].copy_from_slice(&status.to_le_bytes());
         b[8..10].copy_from_slice(&self.max_queue_pairs.to_le_bytes());
         b[10..12].copy_from_slice(&self.mtu.to_le_bytes());
+        // Speed and duplex unknown (SPEED_DUPLEX is not offered; the values say so anyway).
+        b[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[16] = 0xff;
+        b[17] = rss::MAX_KEY as u8;
+        b[18..20].copy_from_slice(&(rss::MAX_TABLE as u16).to_le_bytes());
+        b[20..24].copy_from_slice(&rss::SUPPORTED.to_le_bytes());
         b
     }
 
@@ -54,10 +62,13 @@ mod tests {
         };
         assert_eq!(
             c.to_bytes(),
-            [0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x01, 0x00, 0x02, 0x00, 0xdc, 0x05]
+            [
+                0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x01, 0x00, 0x02, 0x00, 0xdc, 0x05, 0xff, 0xff, 0xff,
+                0xff, 0xff, 40, 128, 0, 0x3f, 0, 0, 0
+            ]
         );
         assert_eq!(c.read(6, 2), vec![1, 0]);
-        assert_eq!(c.read(10, 8), vec![0xdc, 0x05]);
+        assert_eq!(c.read(20, 8), vec![0x3f, 0, 0, 0]);
         assert!(c.read(40, 4).is_empty());
     }
 }

@@ -5,6 +5,7 @@ use thiserror::Error;
 use virtio_bindings::virtio_net::*;
 
 use super::features::Negotiated;
+use super::rss::{RssConfig, RssError};
 use super::rx_state::RxState;
 use crate::wire::MacAddr;
 
@@ -44,6 +45,8 @@ pub enum CtrlError {
     BadQueuePairs(u16, u16),
     #[error("guest offloads {0:#x} outside the negotiated set")]
     BadOffloads(u64),
+    #[error("RSS configuration")]
+    Rss(#[source] RssError),
 }
 
 /// What an accepted command changed, for statistics and for the filter sync.
@@ -54,6 +57,8 @@ pub enum CtrlOutcome {
     MacAddr,
     QueuePairs(u16),
     GuestOffloads(u64),
+    /// RSS_CONFIG or HASH_CONFIG: a new steering / hash-report configuration.
+    Rss(RssConfig),
 }
 
 /// Device-side state the control queue can change.
@@ -153,6 +158,19 @@ impl CtrlState {
                 }
                 self.active_queue_pairs = n;
                 Ok(CtrlOutcome::QueuePairs(n))
+            }
+            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_RSS_CONFIG) => {
+                need(feat.rss())?;
+                let c = RssConfig::parse_rss(data, self.max_queue_pairs).map_err(CtrlError::Rss)?;
+                // max_tx_vq plays VQ_PAIRS_SET's part when RSS is on.
+                self.active_queue_pairs = c.max_tx_vq;
+                Ok(CtrlOutcome::Rss(c))
+            }
+            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_HASH_CONFIG) => {
+                need(feat.hash_report())?;
+                Ok(CtrlOutcome::Rss(
+                    RssConfig::parse_hash(data).map_err(CtrlError::Rss)?,
+                ))
             }
             (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS))?;

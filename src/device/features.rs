@@ -4,7 +4,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use crate::wire::virtio_net_hdr::{HDR_LEN, HDR_LEN_LEGACY};
+use crate::wire::virtio_net_hdr::{HDR_LEN, HDR_LEN_HASH, HDR_LEN_LEGACY};
 
 /// vhost-user's own feature bit (bit 30), offered so the frontend negotiates protocol features.
 pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
@@ -32,9 +32,11 @@ pub fn offered(queue_pairs: u16) -> u64 {
         | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)
         | VHOST_USER_F_PROTOCOL_FEATURES;
     if queue_pairs > 1 {
-        f |= bit(VIRTIO_NET_F_MQ);
+        // RSS steers over several queues; QEMU's virtio-net-pci keeps both bits off unless
+        // told rss=on / hash=on, so the net attachment is unaffected.
+        f |= bit(VIRTIO_NET_F_MQ) | bit(VIRTIO_NET_F_RSS);
     }
-    f
+    f | bit(VIRTIO_NET_F_HASH_REPORT)
 }
 
 /// What the data path needs to know about an acked feature set.
@@ -50,7 +52,9 @@ impl Negotiated {
 
     /// The virtio-net header length on every buffer.
     pub fn hdr_len(&self) -> usize {
-        if self.has(VIRTIO_F_VERSION_1) || self.has(VIRTIO_NET_F_MRG_RXBUF) {
+        if self.hash_report() {
+            HDR_LEN_HASH
+        } else if self.has(VIRTIO_F_VERSION_1) || self.has(VIRTIO_NET_F_MRG_RXBUF) {
             HDR_LEN
         } else {
             HDR_LEN_LEGACY
@@ -75,13 +79,23 @@ impl Negotiated {
         self.has(VIRTIO_NET_F_MQ)
     }
 
+    pub fn rss(&self) -> bool {
+        self.has(VIRTIO_NET_F_RSS)
+    }
+
+    /// The driver wants each frame's RSS hash in its header (needs the control queue).
+    pub fn hash_report(&self) -> bool {
+        self.has(VIRTIO_NET_F_HASH_REPORT) && self.ctrl_vq()
+    }
+
     pub fn rx_extra(&self) -> bool {
         self.has(VIRTIO_NET_F_CTRL_RX_EXTRA)
     }
 
-    /// Index of the control queue: 2N with MQ (N = max pairs), else 2 (virtio 1.2, 5.1.2).
+    /// Index of the control queue: 2N with MQ or RSS (N = max pairs), else 2 (virtio 1.2,
+    /// 5.1.2).
     pub fn ctrl_queue_index(&self, max_pairs: u16) -> usize {
-        if self.mq() {
+        if self.mq() || self.rss() {
             2 * usize::from(max_pairs)
         } else {
             2
@@ -109,6 +123,19 @@ mod tests {
             }
             .hdr_len(),
             12
+        );
+        let hash = bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_NET_F_HASH_REPORT);
+        assert_eq!(
+            Negotiated { bits: hash }.hdr_len(),
+            12,
+            "hash report needs the control queue"
+        );
+        assert_eq!(
+            Negotiated {
+                bits: hash | bit(VIRTIO_NET_F_CTRL_VQ)
+            }
+            .hdr_len(),
+            20
         );
     }
 

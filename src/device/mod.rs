@@ -7,6 +7,7 @@ pub mod ctrl;
 pub mod features;
 pub mod filter;
 pub mod nic;
+pub mod rss;
 pub mod rx_state;
 pub mod snoop;
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::ctrl::{CtrlError, CtrlOutcome, CtrlState};
 use super::features::Negotiated;
 use super::filter::{Filter, FilterRegs};
+use super::rss::{Steering, SteeringCell};
 use super::rx_state::{RxMode, RxState};
 use super::snoop::Snooper;
 use crate::wire::mcast_report::GroupRecord;
@@ -14,6 +15,8 @@ use std::time::{Duration, Instant};
 
 pub struct NicState {
     pub ctrl: CtrlState,
+    /// The RX queue steering the data path reads; republished on MQ/RSS commands.
+    pub steering: Arc<SteeringCell>,
     pub filter: Filter,
     /// Net attachment with `--snoop`: the guest's own IGMP/MLD reports drive the filter.
     pub snoop: Option<Snooper>,
@@ -23,6 +26,7 @@ impl NicState {
     pub fn new(mac: MacAddr, max_queue_pairs: u16, regs: Arc<FilterRegs>, exact_limit: usize) -> Self {
         NicState {
             ctrl: CtrlState::new(mac, max_queue_pairs),
+            steering: Arc::new(SteeringCell::new(max_queue_pairs)),
             filter: Filter::new(regs, exact_limit, mac),
             snoop: None,
         }
@@ -73,13 +77,27 @@ impl NicState {
     /// the filter registers.
     pub fn apply(&mut self, feat: &Negotiated, cmd: &[u8]) -> Result<CtrlOutcome, CtrlError> {
         let outcome = self.ctrl.apply(feat, cmd)?;
-        match outcome {
+        match &outcome {
             CtrlOutcome::RxMode => self.filter.set_mode(self.ctrl.rx.mode),
             CtrlOutcome::MacTable => {
                 self.filter.sync(&self.ctrl.rx.unicast, &self.ctrl.rx.multicast);
             }
             CtrlOutcome::MacAddr => self.filter.set_station(self.ctrl.rx.mac),
-            CtrlOutcome::QueuePairs(_) | CtrlOutcome::GuestOffloads(_) => {}
+            CtrlOutcome::QueuePairs(n) => {
+                // Automatic steering over the pairs now in use, unless an RSS indirection
+                // table decides (a hash-report-only configuration keeps its key).
+                let current = self.steering.load().config.clone();
+                match current {
+                    Some(c) if !c.indirection.is_empty() => {}
+                    Some(c) => self.steering.publish(Steering::from_config(c, *n)),
+                    None => self.steering.publish(Steering::automatic(*n)),
+                }
+            }
+            CtrlOutcome::Rss(c) => {
+                self.steering
+                    .publish(Steering::from_config(c.clone(), self.ctrl.active_queue_pairs));
+            }
+            CtrlOutcome::GuestOffloads(_) => {}
         }
         Ok(outcome)
     }
@@ -98,6 +116,8 @@ impl NicState {
     /// Device reset: empty tables, default mode; the filter's counters survive.
     pub fn reset(&mut self, mac: MacAddr) {
         self.ctrl = CtrlState::new(mac, self.ctrl.max_queue_pairs);
+        self.steering
+            .publish(Steering::automatic(self.ctrl.max_queue_pairs));
         self.filter.reset(mac);
         if let Some(s) = self.snoop.as_mut() {
             s.clear();
@@ -136,6 +156,45 @@ mod tests {
         n.reset(mac);
         assert_eq!(regs.classify(&other), Verdict::Multicast);
         assert_eq!(n.filter.stats().filter_syncs, 1);
+    }
+}
+
+#[cfg(test)]
+mod rss_tests {
+    use super::*;
+    use crate::device::filter::Layout;
+    use crate::device::rss::{DEFAULT_KEY, SUPPORTED};
+
+    #[test]
+    fn rss_config_steers_and_needs_the_feature() {
+        let mac: MacAddr = "52:54:00:d0:aa:01".parse().unwrap();
+        let mut n = NicState::new(mac, 2, Arc::new(FilterRegs::new(Layout::Memac, mac)), 64);
+        // class MQ (4), RSS_CONFIG (1): two-entry table [1, 1], unclassified 1, 2 TX queues.
+        let mut cmd = vec![4, 1];
+        cmd.extend_from_slice(&SUPPORTED.to_le_bytes());
+        cmd.extend_from_slice(&[1, 0, 1, 0, 1, 0, 1, 0, 2, 0, 40]);
+        cmd.extend_from_slice(&DEFAULT_KEY);
+        let without = Negotiated {
+            bits: crate::device::features::offered(2) & !(1 << virtio_bindings::virtio_net::VIRTIO_NET_F_RSS),
+        };
+        assert!(matches!(
+            n.apply(&without, &cmd),
+            Err(CtrlError::NotNegotiated { .. })
+        ));
+        let feat = Negotiated {
+            bits: crate::device::features::offered(2),
+        };
+        assert!(matches!(n.apply(&feat, &cmd), Ok(CtrlOutcome::Rss(_))));
+        assert_eq!(n.ctrl.active_queue_pairs, 2);
+        let mut arp = vec![0u8; 12];
+        arp.extend_from_slice(&[0x08, 0x06]);
+        assert_eq!(n.steering.load().steer(&arp).queue, 1);
+        // A later VQ_PAIRS_SET does not undo the driver's table; a reset does.
+        n.apply(&feat, &[4, 0, 1, 0]).unwrap();
+        assert!(n.steering.load().config.is_some());
+        n.reset(mac);
+        assert!(n.steering.load().config.is_none());
+        assert_eq!(n.steering.load().steer(&arp).queue, 0);
     }
 }
 

@@ -205,10 +205,11 @@ impl Egress for TapPort {
         let mut h = pkt.hdr;
         h.num_buffers = 0;
         let hdr = h.to_bytes();
+        let hdr = &hdr[..HDR_LEN];
         let mut f = &self.queues[q];
         // A tap takes one frame per write: it is accepted whole or refused.
         let want = hdr.len() + pkt.frame.len();
-        match f.write_vectored(&[IoSlice::new(&hdr), IoSlice::new(pkt.frame)]) {
+        match f.write_vectored(&[IoSlice::new(hdr), IoSlice::new(pkt.frame)]) {
             Ok(n) if n == want => {
                 stats.tx_packets.inc();
                 stats.tx_bytes.add(pkt.frame.len() as u64);

@@ -6,6 +6,9 @@ use thiserror::Error;
 pub const HDR_LEN: usize = 12;
 /// Legacy header size without num_buffers.
 pub const HDR_LEN_LEGACY: usize = 10;
+/// With VIRTIO_NET_F_HASH_REPORT: `virtio_net_hdr_v1_hash` adds hash_value, hash_report and
+/// padding, in both directions.
+pub const HDR_LEN_HASH: usize = 20;
 
 pub const F_NEEDS_CSUM: u8 = 1;
 pub const F_DATA_VALID: u8 = 2;
@@ -33,6 +36,9 @@ pub struct VirtioNetHdr {
     pub csum_start: u16,
     pub csum_offset: u16,
     pub num_buffers: u16,
+    /// HASH_REPORT only: the RSS hash of the frame and its type.
+    pub hash_value: u32,
+    pub hash_report: u16,
 }
 
 impl VirtioNetHdr {
@@ -53,12 +59,19 @@ impl VirtioNetHdr {
             csum_start: le(6),
             csum_offset: le(8),
             num_buffers: if len >= HDR_LEN { le(10) } else { 0 },
+            hash_value: if len >= HDR_LEN_HASH {
+                u32::from_le_bytes([b[12], b[13], b[14], b[15]])
+            } else {
+                0
+            },
+            hash_report: if len >= HDR_LEN_HASH { le(16) } else { 0 },
         })
     }
 
-    /// The 12-byte v1 encoding; callers send the first 10 bytes for a legacy header.
-    pub fn to_bytes(&self) -> [u8; HDR_LEN] {
-        let mut b = [0u8; HDR_LEN];
+    /// The 20-byte encoding with the hash fields; callers send the first 10 (legacy), 12
+    /// (v1, MRG_RXBUF) or all 20 (HASH_REPORT).
+    pub fn to_bytes(&self) -> [u8; HDR_LEN_HASH] {
+        let mut b = [0u8; HDR_LEN_HASH];
         b[0] = self.flags;
         b[1] = self.gso_type;
         b[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
@@ -66,6 +79,8 @@ impl VirtioNetHdr {
         b[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
         b[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
         b[10..12].copy_from_slice(&self.num_buffers.to_le_bytes());
+        b[12..16].copy_from_slice(&self.hash_value.to_le_bytes());
+        b[16..18].copy_from_slice(&self.hash_report.to_le_bytes());
         b
     }
 
@@ -89,7 +104,15 @@ mod tests {
             (h.hdr_len, h.csum_start, h.csum_offset, h.num_buffers),
             (54, 34, 16, 2)
         );
-        assert_eq!(h.to_bytes(), bytes);
+        assert_eq!(h.to_bytes()[..HDR_LEN], bytes);
+        let hashed = VirtioNetHdr {
+            hash_value: 0x51cc_c178,
+            hash_report: 2,
+            ..h
+        };
+        let b = hashed.to_bytes();
+        assert_eq!(&b[12..20], &[0x78, 0xc1, 0xcc, 0x51, 2, 0, 0, 0]);
+        assert_eq!(VirtioNetHdr::parse(&b, HDR_LEN_HASH).unwrap(), hashed);
         let legacy = VirtioNetHdr::parse(&bytes, HDR_LEN_LEGACY).unwrap();
         assert_eq!(legacy.num_buffers, 0);
         assert!(VirtioNetHdr::parse(&bytes[..11], HDR_LEN).is_err());

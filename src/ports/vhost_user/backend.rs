@@ -295,7 +295,11 @@ impl VnicBackend {
                     Err(e) => {
                         port.ctrl_stats.ctrl_errors.inc();
                         if port.warn.allow() {
-                            warn!("port {}: control command refused: {e}", port.id);
+                            warn!(
+                                "port {}: control command refused: {}",
+                                port.id,
+                                super::error_chain(&e)
+                            );
                         }
                         (ACK_ERR, c.ack)
                     }

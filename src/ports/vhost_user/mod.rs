@@ -26,6 +26,7 @@ use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Layout, Verdict};
+use crate::device::rss::SteeringCell;
 use crate::device::NicState;
 use crate::pipeline::{Egress, Packet, Switch};
 use crate::stats::{CtrlStats, QueueStats};
@@ -92,6 +93,8 @@ pub struct GuestPort {
     pub ctrl: Mutex<NicState>,
     /// The filter registers every frame to this guest is checked against.
     regs: Arc<FilterRegs>,
+    /// Which RX queue a frame goes to (RSS), published by the control path.
+    steering: Arc<SteeringCell>,
     connected: AtomicBool,
     acked: AtomicU64,
     rx: ArcSwapOption<RxPath>,
@@ -115,6 +118,7 @@ impl GuestPort {
         if let Some(timeout) = filter.snoop {
             nic.enable_snoop(timeout);
         }
+        let steering = nic.steering.clone();
         GuestPort {
             id,
             socket,
@@ -124,6 +128,7 @@ impl GuestPort {
             ctrl_stats: CtrlStats::default(),
             ctrl: Mutex::new(nic),
             regs,
+            steering,
             connected: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             rx: ArcSwapOption::empty(),
@@ -171,6 +176,13 @@ impl GuestPort {
             Some("device")
         } else {
             Some("net")
+        }
+    }
+
+    /// The features the current driver acked (none while disconnected).
+    pub fn negotiated(&self) -> Negotiated {
+        Negotiated {
+            bits: self.acked.load(Ordering::Relaxed),
         }
     }
 
@@ -316,8 +328,11 @@ impl Egress for GuestPort {
             self.stats[flow % pairs].rx_dropped.inc();
             return;
         };
-        // Steer to the flow's queue if the driver enabled it, else to queue 0.
-        let mut q = flow % rx.vrings.len();
+        // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
+        // there is one queue and nobody wants the hash reported.
+        let hash_report = rx.feat.hash_report();
+        let steered = (rx.vrings.len() > 1 || hash_report).then(|| self.steering.load().steer(pkt.frame));
+        let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
         if !queue_usable(&rx.vrings[q]) {
             q = 0;
         }
@@ -357,12 +372,17 @@ impl Egress for GuestPort {
             }
             pkt.hdr.flags &= !F_NEEDS_CSUM;
         }
+        let mut hdr = pkt.hdr;
+        if let (true, Some(s)) = (hash_report, steered) {
+            hdr.hash_value = s.hash;
+            hdr.hash_report = s.report;
+        }
         let res = push_rx(
             state.get_queue_mut(),
             &*mem,
             rx.feat.hdr_len(),
             rx.feat.mrg_rxbuf(),
-            &pkt.hdr,
+            &hdr,
             pkt.frame,
         );
         let notify = match res {
