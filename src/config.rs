@@ -131,6 +131,10 @@ pub struct RunArgs {
     /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub snoop_timeout: u64,
+    /// Checksum offload on the tap: `on` passes partial checksums both ways (fast); `off`
+    /// completes them, so the host and captures on the tap see only final checksums.
+    #[arg(long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
+    pub tap_csum: String,
     /// Checksum action (tc act_csum semantics):
     /// `port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX]`.
     /// Ports are numbered in --socket order, the tap last. Repeat for several.
@@ -217,6 +221,7 @@ pub struct Config {
     /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
     pub snoop: Option<Option<std::time::Duration>>,
     pub csum_actions: Vec<CsumAction>,
+    pub tap_csum: bool,
     pub metrics: Option<std::net::SocketAddr>,
     pub router_ips: Vec<RouterIf>,
     pub routes: Vec<Route>,
@@ -335,6 +340,7 @@ impl TryFrom<RunArgs> for Config {
                 .snoop
                 .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
             csum_actions: a.csum_actions,
+            tap_csum: a.tap_csum == "on",
             metrics: a.metrics,
             router_ips: a.router_ips,
             routes: a.routes,

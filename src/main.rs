@@ -104,7 +104,13 @@ fn run(cfg: Config) -> ExitCode {
     }
     if let Some(name) = &cfg.tap {
         let id = cfg.guests.len();
-        let tap = match TapPort::open(id, name, usize::from(cfg.queue_pairs), switch.clone()) {
+        let tap = match TapPort::open(
+            id,
+            name,
+            usize::from(cfg.queue_pairs),
+            cfg.tap_csum,
+            switch.clone(),
+        ) {
             Ok(t) => Arc::new(t),
             Err(e) => {
                 error!("{}", error_chain(&e));

@@ -64,6 +64,7 @@ queue_counters!(
     rx_dropped,
     rx_errors,
     rx_csum_completed,
+    tx_csum_completed,
     rx_filtered,
     rx_mcast_accepted,
     rx_hash_false_positive,

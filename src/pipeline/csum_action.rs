@@ -17,7 +17,7 @@ use crate::wire::ip::{
     self, network_offset, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP,
     PROTO_SCTP, PROTO_TCP, PROTO_UDP, PROTO_UDPLITE,
 };
-use crate::wire::virtio_net_hdr::{F_NEEDS_CSUM, GSO_ECN, GSO_TCPV4, GSO_TCPV6};
+use crate::wire::virtio_net_hdr::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN, GSO_TCPV4, GSO_TCPV6};
 use crate::wire::VirtioNetHdr;
 
 /// Which checksums an action recomputes (tc's `csum` targets).
@@ -456,8 +456,9 @@ pub enum Verdict {
     Drop,
 }
 
-/// Runs `actions` (already those of one port and direction) in order on a frame; a virtio
-/// partial checksum that an action completed loses its NEEDS_CSUM flag.
+/// Runs `actions` (already those of one port and direction) in order on a frame. A frame
+/// whose upper-layer checksum an action computed is marked DATA_VALID (and a virtio partial
+/// checksum loses NEEDS_CSUM): a GUEST_CSUM receiver need not verify what was just computed.
 pub fn run(actions: &[CsumAction], hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> (Verdict, Option<CsumFail>) {
     let mut verdict = Verdict::Untouched;
     for a in actions {
@@ -467,7 +468,7 @@ pub fn run(actions: &[CsumAction], hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> 
         match update(frame, a.update, hdr) {
             Ok(d) => {
                 if d.l4_complete {
-                    hdr.flags &= !F_NEEDS_CSUM;
+                    hdr.flags = (hdr.flags & !F_NEEDS_CSUM) | F_DATA_VALID;
                 }
                 if d.wrote {
                     verdict = Verdict::Updated;
@@ -699,7 +700,7 @@ mod tests {
         };
         let mut f = f0.clone();
         run(&[act("port=0,dir=egress,update=udp")], &mut hdr, &mut f);
-        assert_eq!(hdr.flags & F_NEEDS_CSUM, 0);
+        assert_eq!(hdr.flags, F_DATA_VALID);
         // A TSO packet's TCP checksum belongs to the segmenter.
         let mut tcp = vec![0u8; 20];
         tcp[12] = 0x50;

@@ -15,7 +15,8 @@ use super::WarnLimiter;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Egress, Ingress, Packet, Switch};
 use crate::stats::QueueStats;
-use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN};
+use crate::wire::checksum::complete_partial;
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, HDR_LEN};
 
 // From <linux/if_tun.h>: _IOW('T', n, int).
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
@@ -60,6 +61,8 @@ pub struct TapPort {
     pub stats: Vec<QueueStats>,
     switch: Arc<Switch>,
     warn: WarnLimiter,
+    /// Partial checksums may be written as they are (`--tap-csum on`).
+    csum: bool,
 }
 
 fn ioctl(
@@ -85,7 +88,16 @@ fn ioctl(
 impl TapPort {
     /// Opens (creating if needed) tap `name` with `queues` queues in the current network
     /// namespace.
-    pub fn open(id: usize, name: &str, queues: usize, switch: Arc<Switch>) -> Result<TapPort, TapError> {
+    /// With `csum` off the tap exchanges only complete checksums: the kernel finishes its
+    /// own before handing frames over, and dpaa-vnic finishes partial ones before writing
+    /// (what a capture on the tap then shows is what a wire would carry).
+    pub fn open(
+        id: usize,
+        name: &str,
+        queues: usize,
+        csum: bool,
+        switch: Arc<Switch>,
+    ) -> Result<TapPort, TapError> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
             return Err(TapError::BadName(name.to_string()));
         }
@@ -118,12 +130,13 @@ impl TapPort {
             // Checksum offload towards us: the kernel may hand over partial checksums, which
             // pass to guests that negotiated GUEST_CSUM and are completed for the others (see
             // GuestPort::send). No GSO: guests are not offered GUEST_TSO/UFO.
+            let offload = if csum { TUN_F_CSUM } else { 0 };
             ioctl(
                 &f,
                 name,
                 "TUNSETOFFLOAD",
                 TUNSETOFFLOAD,
-                TUN_F_CSUM as *const libc::c_void,
+                offload as *const libc::c_void,
             )?;
             let actual = CStr::from_bytes_until_nul(&req.name)
                 .map(|c| c.to_string_lossy().into_owned())
@@ -139,6 +152,7 @@ impl TapPort {
             stats: (0..queues).map(|_| QueueStats::default()).collect(),
             switch,
             warn: WarnLimiter::default(),
+            csum,
         })
     }
 
@@ -202,6 +216,18 @@ impl Egress for TapPort {
     fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
         let q = flow % self.queues.len();
         let stats = &self.stats[q];
+        if !self.csum && pkt.hdr.needs_csum() {
+            let (start, off) = (pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into());
+            if let Err(e) = complete_partial(pkt.frame, start, off) {
+                stats.tx_errors.inc();
+                if self.warn.allow() {
+                    warn!("tap {}: dropping frame with bad checksum offsets: {e}", self.name);
+                }
+                return;
+            }
+            pkt.hdr.flags &= !F_NEEDS_CSUM;
+            stats.tx_csum_completed.inc();
+        }
         let mut h = pkt.hdr;
         h.num_buffers = 0;
         let hdr = h.to_bytes();

@@ -373,6 +373,11 @@ impl Egress for GuestPort {
             pkt.hdr.flags &= !F_NEEDS_CSUM;
         }
         let mut hdr = pkt.hdr;
+        if !rx.feat.guest_csum() {
+            // Without GUEST_CSUM the header flags must be zero (virtio 1.2, 5.1.6.4.1):
+            // DATA_VALID from an action or the host's tap is not this guest's to see.
+            hdr.flags = 0;
+        }
         if let (true, Some(s)) = (hash_report, steered) {
             hdr.hash_value = s.hash;
             hdr.hash_report = s.report;
