@@ -1,0 +1,128 @@
+//! The pipeline per packet, without vrings: one frame through the switch to a port that
+//! counts it, with checksum actions off and on; and the router's route cache, a hit
+//! against a full lookup (miss) over tables of growing size.
+//!
+//! cargo bench --bench pipeline
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
+use dpaa_vnic::pipeline::rules::Rules;
+use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
+use dpaa_vnic::stats::QueueStats;
+use dpaa_vnic::wire::checksum::checksum;
+use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
+
+/// Counts what it is given, as cheaply as a port can.
+#[derive(Default)]
+struct Counter(AtomicU64, QueueStats);
+
+impl Egress for Counter {
+    fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
+        self.0.fetch_add(pkt.frame.len() as u64, Ordering::Relaxed);
+    }
+    fn queue_stats(&self, _flow: usize) -> &QueueStats {
+        &self.1
+    }
+}
+
+/// A unicast IPv4/UDP frame of `len` bytes from port 0's station to port 1's.
+fn udp_frame(len: usize) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x08, 0x00];
+    let ip_len = len - 14;
+    let mut ip = vec![0x45, 0, (ip_len >> 8) as u8, ip_len as u8, 0, 1, 0, 0, 64, 17, 0, 0];
+    ip.extend_from_slice(&[10, 1, 0, 2, 10, 1, 0, 3]);
+    let c = checksum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&ip);
+    let ul = ip_len - 20;
+    f.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, (ul >> 8) as u8, ul as u8, 0x12, 0x34]);
+    f.resize(len, 0x5a);
+    f
+}
+
+fn bench_forward(c: &mut Criterion) {
+    for size in [64usize, 1500] {
+        let mut g = c.benchmark_group(format!("pipeline/{size}B"));
+        g.throughput(Throughput::Elements(1));
+        for (name, actions) in [
+            ("switch, no actions", vec![]),
+            (
+                "switch + csum action iph+udp",
+                vec!["port=1,dir=egress,update=iph+udp".parse().unwrap()],
+            ),
+        ] {
+            let sw = Switch::with_rules(Rules::new(2, actions));
+            let sinks: Vec<Arc<Counter>> = (0..2).map(|_| Arc::new(Counter::default())).collect();
+            for (i, s) in sinks.iter().enumerate() {
+                sw.attach(i, s.clone());
+            }
+            let stats = QueueStats::default();
+            let mut routes = RouteCache::default();
+            // Teach the switch where port 1's station is.
+            let mut hello = udp_frame(64);
+            hello[..6].copy_from_slice(&[0xff; 6]);
+            hello[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0xb]);
+            let mut from1 = Ingress {
+                port: 1,
+                queue: 0,
+                stats: &stats,
+                routes: &mut routes,
+            };
+            sw.forward(&mut from1, &mut Packet { hdr: VirtioNetHdr::default(), frame: &mut hello });
+            let mut frame = udp_frame(size);
+            g.bench_function(name, |b| {
+                let mut routes = RouteCache::default();
+                let mut from = Ingress {
+                    port: 0,
+                    queue: 0,
+                    stats: &stats,
+                    routes: &mut routes,
+                };
+                b.iter(|| {
+                    let mut p = Packet {
+                        hdr: VirtioNetHdr::default(),
+                        frame: &mut frame,
+                    };
+                    black_box(sw.forward(&mut from, &mut p))
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+fn bench_route_cache(c: &mut Criterion) {
+    for routes in [10usize, 100, 1000] {
+        let mut g = c.benchmark_group(format!("route/{routes} routes"));
+        g.throughput(Throughput::Elements(1));
+        let mut t = RouteTable {
+            ifaces: vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()],
+            ..Default::default()
+        };
+        for i in 0..routes {
+            t.routes
+                .push(format!("172.{}.{}.0/24,via=10.2.0.9", 16 + i / 256, i % 256).parse().unwrap());
+        }
+        t.neigh.insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
+        // The last route added: a full lookup scans them all.
+        let last = routes - 1;
+        let dst = IpAddr::V4(Ipv4Addr::new(172, 16 + (last / 256) as u8, (last % 256) as u8, 7));
+        assert!(matches!(t.resolve(dst), Resolution::Forward { .. }));
+        let mut cache = RouteCache::default();
+        cache.get(1, dst);
+        if let Resolution::Forward { mac, port } = t.resolve(dst) {
+            cache.put(dst, mac, port);
+        }
+        g.bench_function("cache hit", |b| b.iter(|| black_box(cache.get(1, black_box(dst)))));
+        g.bench_function("miss: full lookup", |b| b.iter(|| black_box(t.resolve(black_box(dst)))));
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench_forward, bench_route_cache);
+criterion_main!(benches);
