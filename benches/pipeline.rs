@@ -34,7 +34,20 @@ impl Egress for Counter {
 fn udp_frame(len: usize) -> Vec<u8> {
     let mut f = vec![2, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x08, 0x00];
     let ip_len = len - 14;
-    let mut ip = vec![0x45, 0, (ip_len >> 8) as u8, ip_len as u8, 0, 1, 0, 0, 64, 17, 0, 0];
+    let mut ip = vec![
+        0x45,
+        0,
+        (ip_len >> 8) as u8,
+        ip_len as u8,
+        0,
+        1,
+        0,
+        0,
+        64,
+        17,
+        0,
+        0,
+    ];
     ip.extend_from_slice(&[10, 1, 0, 2, 10, 1, 0, 3]);
     let c = checksum(&ip);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
@@ -73,7 +86,13 @@ fn bench_forward(c: &mut Criterion) {
                 stats: &stats,
                 routes: &mut routes,
             };
-            sw.forward(&mut from1, &mut Packet { hdr: VirtioNetHdr::default(), frame: &mut hello });
+            sw.forward(
+                &mut from1,
+                &mut Packet {
+                    hdr: VirtioNetHdr::default(),
+                    frame: &mut hello,
+                },
+            );
             let mut frame = udp_frame(size);
             g.bench_function(name, |b| {
                 let mut routes = RouteCache::default();
@@ -105,10 +124,14 @@ fn bench_route_cache(c: &mut Criterion) {
             ..Default::default()
         };
         for i in 0..routes {
-            t.routes
-                .push(format!("172.{}.{}.0/24,via=10.2.0.9", 16 + i / 256, i % 256).parse().unwrap());
+            t.routes.push(
+                format!("172.{}.{}.0/24,via=10.2.0.9", 16 + i / 256, i % 256)
+                    .parse()
+                    .unwrap(),
+            );
         }
-        t.neigh.insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
+        t.neigh
+            .insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
         // The last route added: a full lookup scans them all.
         let last = routes - 1;
         let dst = IpAddr::V4(Ipv4Addr::new(172, 16 + (last / 256) as u8, (last % 256) as u8, 7));
@@ -118,8 +141,12 @@ fn bench_route_cache(c: &mut Criterion) {
         if let Resolution::Forward { mac, port } = t.resolve(dst) {
             cache.put(dst, mac, port);
         }
-        g.bench_function("cache hit", |b| b.iter(|| black_box(cache.get(1, black_box(dst)))));
-        g.bench_function("miss: full lookup", |b| b.iter(|| black_box(t.resolve(black_box(dst)))));
+        g.bench_function("cache hit", |b| {
+            b.iter(|| black_box(cache.get(1, black_box(dst))))
+        });
+        g.bench_function("miss: full lookup", |b| {
+            b.iter(|| black_box(t.resolve(black_box(dst))))
+        });
         g.finish();
     }
 }

@@ -15,10 +15,21 @@ pub enum ChecksumError {
 /// turns into wide vector adds, then folded to 16 bits and byte-swapped: one's-complement
 /// sums do not depend on byte order except for that final swap (RFC 1071, 2.B).
 pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
-    let mut words = data.chunks_exact(4);
-    let mut acc: u64 = (&mut words)
-        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-        .sum();
+    // Eight independent lanes over 32-byte blocks: LLVM keeps them in vector registers
+    // whatever the surrounding code looks like (a single `.sum()` chain vectorised or not
+    // depending on what else the crate's codegen unit held).
+    let mut blocks = data.chunks_exact(32);
+    let mut lanes = [0u64; 8];
+    for b in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(4)) {
+            *lane += u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        }
+    }
+    let mut words = blocks.remainder().chunks_exact(4);
+    let mut acc: u64 = lanes.iter().sum::<u64>()
+        + (&mut words)
+            .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .sum::<u64>();
     let rest = words.remainder();
     let mut pairs = rest.chunks_exact(2);
     for p in &mut pairs {
