@@ -119,17 +119,15 @@ fn bench_route_cache(c: &mut Criterion) {
     for routes in [10usize, 100, 1000] {
         let mut g = c.benchmark_group(format!("route/{routes} routes"));
         g.throughput(Throughput::Elements(1));
-        let mut t = RouteTable {
-            ifaces: vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()],
-            ..Default::default()
-        };
-        for i in 0..routes {
-            t.routes.push(
+        let table: Vec<_> = (0..routes)
+            .map(|i| {
                 format!("172.{}.{}.0/24,via=10.2.0.9", 16 + i / 256, i % 256)
                     .parse()
-                    .unwrap(),
-            );
-        }
+                    .unwrap()
+            })
+            .collect();
+        let ifaces = vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()];
+        let mut t = RouteTable::new(ifaces, table);
         t.neigh
             .insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
         // The last route added: a full lookup scans them all.

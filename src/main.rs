@@ -55,11 +55,7 @@ fn run(cfg: Config) -> ExitCode {
     // Only what this process bound is removed on exit, never another daemon's live socket.
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
-    let table = RouteTable {
-        ifaces: cfg.router_ips.clone(),
-        routes: cfg.routes.clone(),
-        ..Default::default()
-    };
+    let table = RouteTable::new(cfg.router_ips.clone(), cfg.routes.clone());
     let switch = Arc::new(Switch::with_rules(Rules::with_router(
         nports,
         cfg.csum_actions.clone(),

@@ -159,12 +159,60 @@ impl fmt::Display for Route {
     }
 }
 
-/// What the router knows: its interfaces, static routes, resolved neighbours.
+/// Where a prefix leads: the egress port, and the gateway (`None`: on-link, the
+/// destination is its own next hop).
+type Target = (usize, Option<IpAddr>);
+
+/// Longest-prefix match by prefix length: one hash map per length in use, longest first,
+/// so a lookup costs one probe per distinct length (a handful), not one per route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Lpm {
+    v4: Vec<(u8, HashMap<IpNet, Target>)>,
+    v6: Vec<(u8, HashMap<IpNet, Target>)>,
+}
+
+impl Lpm {
+    fn insert(&mut self, net: IpNet, t: Target, replace: bool) {
+        let levels = if matches!(net, IpNet::V4(_)) {
+            &mut self.v4
+        } else {
+            &mut self.v6
+        };
+        let len = net.prefix_len();
+        let i = match levels.iter().position(|(l, _)| *l <= len) {
+            Some(i) if levels[i].0 == len => i,
+            Some(i) => {
+                levels.insert(i, (len, HashMap::new()));
+                i
+            }
+            None => {
+                levels.push((len, HashMap::new()));
+                levels.len() - 1
+            }
+        };
+        let map = &mut levels[i].1;
+        if replace || !map.contains_key(&net.trunc()) {
+            map.insert(net.trunc(), t);
+        }
+    }
+
+    fn lookup(&self, dst: IpAddr) -> Option<Target> {
+        let levels = if dst.is_ipv4() { &self.v4 } else { &self.v6 };
+        levels
+            .iter()
+            .find_map(|(len, map)| map.get(&IpNet::new(dst, *len).ok()?.trunc()).copied())
+    }
+}
+
+/// What the router knows: its interfaces, static routes, resolved neighbours, and the
+/// prefix index built from the first two ([`RouteTable::reindex`], which every published
+/// snapshot has run).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteTable {
     pub ifaces: Vec<RouterIf>,
     pub routes: Vec<Route>,
     pub neigh: HashMap<IpAddr, MacAddr>,
+    lpm: Lpm,
 }
 
 /// The outcome of a full (uncached) lookup.
@@ -184,6 +232,17 @@ pub enum Resolution {
 }
 
 impl RouteTable {
+    /// A table of interfaces and static routes, indexed.
+    pub fn new(ifaces: Vec<RouterIf>, routes: Vec<Route>) -> Self {
+        let mut t = RouteTable {
+            ifaces,
+            routes,
+            ..Default::default()
+        };
+        t.reindex();
+        t
+    }
+
     pub fn enabled(&self) -> bool {
         !self.ifaces.is_empty()
     }
@@ -210,35 +269,36 @@ impl RouteTable {
             .map(|i| i.addr.addr())
     }
 
+    /// Rebuilds the prefix index from `ifaces` and `routes`. Connected prefixes win over
+    /// a static route of the same prefix; of two routes to one prefix the first counts. A
+    /// gateway must lie on a connected prefix: a route through one that does not is left
+    /// out, as the kernel refuses it.
+    pub fn reindex(&mut self) {
+        let mut lpm = Lpm::default();
+        for r in &self.routes {
+            let target = match r.hop {
+                NextHop::Port(p) => Some((p, None)),
+                NextHop::Via(gw) => self
+                    .ifaces
+                    .iter()
+                    .filter(|i| i.addr.contains(&gw))
+                    .max_by_key(|i| i.addr.prefix_len())
+                    .map(|i| (i.port, Some(gw))),
+            };
+            if let Some(t) = target {
+                lpm.insert(r.prefix, t, false);
+            }
+        }
+        for i in &self.ifaces {
+            lpm.insert(i.addr, (i.port, None), true);
+        }
+        self.lpm = lpm;
+    }
+
     /// Longest-prefix match over the connected prefixes and the static routes: the egress
     /// port and the next hop's address.
     pub fn lookup(&self, dst: IpAddr) -> Option<(usize, IpAddr)> {
-        let connected = self
-            .ifaces
-            .iter()
-            .filter(|i| i.addr.contains(&dst))
-            .map(|i| (i.addr.prefix_len(), i.port, dst));
-        let routed = self
-            .routes
-            .iter()
-            .filter(|r| r.prefix.contains(&dst))
-            .filter_map(|r| {
-                let (port, hop) = match r.hop {
-                    NextHop::Port(p) => (p, dst),
-                    // A gateway must be on a connected prefix; one that is not is skipped, as
-                    // the kernel refuses such a route.
-                    NextHop::Via(gw) => (self.ifaces.iter().find(|i| i.addr.contains(&gw))?.port, gw),
-                };
-                Some((r.prefix.prefix_len(), port, hop))
-            });
-        // Connected routes come first, so at equal length they win.
-        connected
-            .chain(routed)
-            .fold(None, |best: Option<(u8, usize, IpAddr)>, c| match best {
-                Some(b) if b.0 >= c.0 => Some(b),
-                _ => Some(c),
-            })
-            .map(|(_, port, hop)| (port, hop))
+        self.lpm.lookup(dst).map(|(port, gw)| (port, gw.unwrap_or(dst)))
     }
 
     pub fn resolve(&self, dst: IpAddr) -> Resolution {
@@ -534,10 +594,11 @@ mod tests {
                 "192.168.7.0/24,port=0".parse().unwrap(),
                 "172.16.0.0/12,via=10.9.9.9".parse().unwrap(),
             ],
-            neigh: HashMap::new(),
+            ..Default::default()
         };
         t.neigh
             .insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
+        t.reindex();
         t
     }
 
@@ -624,5 +685,59 @@ mod tests {
         assert_eq!(c.get(1, ip("10.1.0.8")), None);
         assert_eq!(c.get(2, ip("10.1.0.7")), None);
         assert_eq!(c.get(2, ip("10.1.0.7")), None);
+    }
+
+    /// The definition: the longest matching prefix, connected before static at equal
+    /// length, the first of equal static routes, gateways resolved on connected prefixes.
+    fn brute(t: &RouteTable, dst: IpAddr) -> Option<(usize, IpAddr)> {
+        let mut best: Option<(u8, u8, usize, IpAddr)> = None; // (len, rank, port, hop)
+        for i in t.ifaces.iter().filter(|i| i.addr.contains(&dst)) {
+            let c = (i.addr.prefix_len(), 1, i.port, dst);
+            if best.is_none_or(|b| (c.0, c.1) > (b.0, b.1)) {
+                best = Some(c);
+            }
+        }
+        for r in t.routes.iter().filter(|r| r.prefix.contains(&dst)) {
+            let (port, hop) = match r.hop {
+                NextHop::Port(p) => (p, dst),
+                NextHop::Via(gw) => match t
+                    .ifaces
+                    .iter()
+                    .filter(|i| i.addr.contains(&gw))
+                    .max_by_key(|i| i.addr.prefix_len())
+                {
+                    Some(i) => (i.port, gw),
+                    None => continue,
+                },
+            };
+            let c = (r.prefix.prefix_len(), 0, port, hop);
+            if best.is_none_or(|b| (c.0, c.1) > (b.0, b.1)) {
+                best = Some(c);
+            }
+        }
+        best.map(|(_, _, p, h)| (p, h))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn indexed_lookup_equals_the_definition(
+            routes in proptest::collection::vec((0u32..64, 8u8..=32, 0usize..3, proptest::prelude::any::<bool>()), 0..40),
+            probes in proptest::collection::vec(0u32..64, 1..40),
+        ) {
+            // Addresses in 10.0.0.0/26 so prefixes overlap often.
+            let a = |x: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 | (x << 2)));
+            let ifaces = vec!["0=10.0.0.1/28".parse().unwrap(), "1=10.0.0.129/25".parse().unwrap()];
+            let routes = routes
+                .into_iter()
+                .map(|(x, len, port, via)| Route {
+                    prefix: IpNet::new(a(x), len).unwrap().trunc(),
+                    hop: if via { NextHop::Via(a(x ^ 7)) } else { NextHop::Port(port) },
+                })
+                .collect();
+            let t = RouteTable::new(ifaces, routes);
+            for p in probes {
+                proptest::prop_assert_eq!(t.lookup(a(p)), brute(&t, a(p)));
+            }
+        }
     }
 }

@@ -41,6 +41,7 @@ impl Rules {
     }
 
     fn index(&mut self) {
+        self.router.reindex();
         for slot in &mut self.by_port {
             *slot = Default::default();
         }

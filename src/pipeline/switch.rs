@@ -385,10 +385,10 @@ mod tests {
         const B: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
 
         fn router() -> (Switch, Vec<Arc<Sink>>) {
-            let table = RouteTable {
-                ifaces: vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()],
-                ..Default::default()
-            };
+            let table = RouteTable::new(
+                vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()],
+                Vec::new(),
+            );
             let sw = Switch::with_rules(Rules::with_router(3, Vec::new(), table));
             let sinks = plug(&sw);
             (sw, sinks)
