@@ -147,7 +147,7 @@ start_guest() {
     local smp=$queues nic
     case $mode in
         net)
-            nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,id=nic0,netdev=n0,mac=$mac,romfile="
+            nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,id=nic0,netdev=n0,mac=$mac,romfile=${GUEST_NIC_OPTS:+,$GUEST_NIC_OPTS}"
             ((queues > 1)) && nic+=",mq=on,vectors=$((2 * queues + 2))"
             ;;
         device)
@@ -231,3 +231,4 @@ compare_counters() {
 }
 
 HOST_UDP=$CACHE_DIR/host/vnic-udp
+HOST_TCP=$CACHE_DIR/host/vnic-tcp

@@ -14,7 +14,7 @@ pub const ACK_OK: u8 = VIRTIO_NET_OK as u8;
 pub const ACK_ERR: u8 = VIRTIO_NET_ERR as u8;
 
 /// Guest offload bits that CTRL_GUEST_OFFLOADS may toggle (virtio 1.2, 5.1.6.5.6.1).
-const GUEST_OFFLOAD_MASK: u64 = (1 << VIRTIO_NET_F_GUEST_CSUM)
+pub const GUEST_OFFLOAD_MASK: u64 = (1 << VIRTIO_NET_F_GUEST_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_TSO4)
     | (1 << VIRTIO_NET_F_GUEST_TSO6)
     | (1 << VIRTIO_NET_F_GUEST_ECN)
@@ -316,7 +316,7 @@ mod tests {
         cmd.extend_from_slice(&csum.to_le_bytes());
         assert_eq!(s.apply(&f, &cmd), Ok(CtrlOutcome::GuestOffloads(csum)));
         let mut cmd = vec![5, 0];
-        cmd.extend_from_slice(&(1u64 << VIRTIO_NET_F_GUEST_TSO4).to_le_bytes());
+        cmd.extend_from_slice(&(1u64 << VIRTIO_NET_F_GUEST_UFO).to_le_bytes());
         assert!(matches!(s.apply(&f, &cmd), Err(CtrlError::BadOffloads(_))));
         assert_eq!(s.apply(&f, &[]), Err(CtrlError::Truncated(0)));
     }

@@ -30,6 +30,17 @@ pub fn offered(queue_pairs: u16) -> u64 {
         | bit(VIRTIO_NET_F_CTRL_RX_EXTRA)
         | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
         | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)
+        // Segmentation offload both ways: guests may send TSO/USO frames; guests that take
+        // them get them whole, the others get segments cut by pipeline::gso.
+        | bit(VIRTIO_NET_F_HOST_TSO4)
+        | bit(VIRTIO_NET_F_HOST_TSO6)
+        | bit(VIRTIO_NET_F_HOST_ECN)
+        | bit(VIRTIO_NET_F_HOST_USO)
+        | bit(VIRTIO_NET_F_GUEST_TSO4)
+        | bit(VIRTIO_NET_F_GUEST_TSO6)
+        | bit(VIRTIO_NET_F_GUEST_ECN)
+        | bit(VIRTIO_NET_F_GUEST_USO4)
+        | bit(VIRTIO_NET_F_GUEST_USO6)
         | VHOST_USER_F_PROTOCOL_FEATURES;
     if queue_pairs > 1 {
         // RSS steers over several queues; QEMU's virtio-net-pci keeps both bits off unless

@@ -3,6 +3,7 @@
 
 pub mod csum_action;
 pub mod fdb;
+pub mod gso;
 pub mod router;
 pub mod rules;
 pub mod switch;

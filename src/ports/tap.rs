@@ -12,11 +12,12 @@ use log::{debug, info, trace, warn};
 use thiserror::Error;
 
 use super::WarnLimiter;
+use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Egress, Ingress, Packet, Switch};
 use crate::stats::QueueStats;
 use crate::wire::checksum::complete_partial;
-use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, HDR_LEN};
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN};
 
 // From <linux/if_tun.h>: _IOW('T', n, int).
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
@@ -27,6 +28,11 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 const TUN_F_CSUM: libc::c_ulong = 0x01;
+const TUN_F_TSO4: libc::c_ulong = 0x02;
+const TUN_F_TSO6: libc::c_ulong = 0x04;
+const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
+const TUN_F_USO4: libc::c_ulong = 0x20;
+const TUN_F_USO6: libc::c_ulong = 0x40;
 
 const RX_BUF: usize = HDR_LEN + 65_550;
 
@@ -127,17 +133,27 @@ impl TapPort {
                 TUNSETVNETHDRSZ,
                 (&hdr_len as *const libc::c_int).cast(),
             )?;
-            // Checksum offload towards us: the kernel may hand over partial checksums, which
-            // pass to guests that negotiated GUEST_CSUM and are completed for the others (see
-            // GuestPort::send). No GSO: guests are not offered GUEST_TSO/UFO.
-            let offload = if csum { TUN_F_CSUM } else { 0 };
-            ioctl(
-                &f,
-                name,
-                "TUNSETOFFLOAD",
-                TUNSETOFFLOAD,
-                offload as *const libc::c_void,
-            )?;
+            // Offloads towards us: the kernel may hand over partial checksums and TSO/USO
+            // frames, which pass to guests that take them and are completed or segmented
+            // for the others (GuestPort::send). USO needs Linux 6.2; older hosts refuse the
+            // flag, and then get TSO only.
+            let offload = if csum {
+                TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN
+            } else {
+                0
+            };
+            let set = |flags: libc::c_ulong| {
+                ioctl(
+                    &f,
+                    name,
+                    "TUNSETOFFLOAD",
+                    TUNSETOFFLOAD,
+                    flags as *const libc::c_void,
+                )
+            };
+            if offload == 0 || set(offload | TUN_F_USO4 | TUN_F_USO6).is_err() {
+                set(offload)?;
+            }
             let actual = CStr::from_bytes_until_nul(&req.name)
                 .map(|c| c.to_string_lossy().into_owned())
                 .unwrap_or_default();
@@ -191,6 +207,9 @@ impl TapPort {
                 }
             };
             stats.rx_packets.inc();
+            if hdr.gso_type != GSO_NONE {
+                stats.rx_gso.inc();
+            }
             stats.rx_bytes.add((n - HDR_LEN) as u64);
             trace!("tap {}: {} bytes from host on queue {q}", self.name, n - HDR_LEN);
             let mut pkt = Packet {
@@ -215,6 +234,33 @@ impl Egress for TapPort {
 
     fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
         let q = flow % self.queues.len();
+        let stats = &self.stats[q];
+        if !self.csum && pkt.hdr.gso_type != GSO_NONE {
+            // No offloads on this tap: the host gets MSS-sized segments.
+            let res = gso::with_scratch(|buf| {
+                gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
+                    let mut p = Packet { hdr: *h, frame: seg };
+                    self.write(q, &mut p);
+                })
+            });
+            match res {
+                Ok(_) => stats.tx_gso_segmented.inc(),
+                Err(e) => {
+                    stats.tx_errors.inc();
+                    if self.warn.allow() {
+                        warn!("tap {}: dropping GSO frame: {e}", self.name);
+                    }
+                }
+            }
+            return;
+        }
+        self.write(q, pkt);
+    }
+}
+
+impl TapPort {
+    /// One frame into tap queue `q`, completing a partial checksum with `--tap-csum off`.
+    fn write(&self, q: usize, pkt: &mut Packet<'_>) {
         let stats = &self.stats[q];
         if !self.csum && pkt.hdr.needs_csum() {
             let (start, off) = (pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into());

@@ -18,14 +18,16 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
-use crate::device::ctrl::{ACK_ERR, ACK_OK};
+use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
+use crate::wire::virtio_net_hdr::GSO_NONE;
 use crate::wire::VirtioNetHdr;
 
-/// Largest frame (header included) a guest may transmit: 64 KiB of IP plus L2 headers.
-const TX_BUF: usize = 65_562;
+/// Largest frame (header included) a guest may transmit: a 64 KiB TSO frame (IP total
+/// length 65535) behind Ethernet and two VLAN tags, with the 20-byte hash header.
+const TX_BUF: usize = 20 + 14 + 8 + 65_535;
 /// Largest control command we read: 64 Ki multicast entries fit with room to spare.
 const CTRL_MAX: usize = 1 << 20;
 const QUEUE_SIZE: usize = 1024;
@@ -171,6 +173,9 @@ impl VnicBackend {
                             }
                         };
                         trace!("port {}: tx {} bytes on pair {pair}", port.id, n - hdr_len);
+                        if hdr.gso_type != GSO_NONE {
+                            stats.tx_gso.inc();
+                        }
                         port.snoop_frame(&buf[hdr_len..n]);
                         let mut pkt = Packet {
                             hdr,
@@ -290,6 +295,9 @@ impl VnicBackend {
                 match r {
                     Ok(outcome) => {
                         debug!("port {}: control command applied: {outcome:?}", port.id);
+                        if let CtrlOutcome::GuestOffloads(bits) = outcome {
+                            port.set_guest_offloads(bits);
+                        }
                         (ACK_OK, c.ack)
                     }
                     Err(e) => {

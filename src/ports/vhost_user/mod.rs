@@ -24,16 +24,23 @@ use self::backend::VnicBackend;
 use self::queue::{push_rx, wants_interrupt, RxError};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
+use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Layout, Verdict};
-use crate::device::rss::SteeringCell;
+use crate::device::rss::{Steered, SteeringCell};
 use crate::device::NicState;
+use crate::pipeline::gso;
 use crate::pipeline::{Egress, Packet, Switch};
 use crate::stats::{CtrlStats, QueueStats};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4};
 use crate::wire::MacAddr;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_GUEST_USO4, VIRTIO_NET_F_GUEST_USO6,
+};
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Vring = VringRwLock<Mem>;
@@ -97,6 +104,9 @@ pub struct GuestPort {
     steering: Arc<SteeringCell>,
     connected: AtomicBool,
     acked: AtomicU64,
+    /// The receive offloads in force: the acked GUEST_* bits, then whatever the driver's
+    /// CTRL_GUEST_OFFLOADS set (ethtool -K in the guest).
+    guest_offloads: AtomicU64,
     rx: ArcSwapOption<RxPath>,
     switch: Arc<Switch>,
     warn: WarnLimiter,
@@ -131,6 +141,7 @@ impl GuestPort {
             steering,
             connected: AtomicBool::new(false),
             acked: AtomicU64::new(0),
+            guest_offloads: AtomicU64::new(0),
             rx: ArcSwapOption::empty(),
             switch,
             warn: WarnLimiter::default(),
@@ -184,6 +195,11 @@ impl GuestPort {
         Negotiated {
             bits: self.acked.load(Ordering::Relaxed),
         }
+    }
+
+    /// CTRL_GUEST_OFFLOADS_SET accepted: the RX path follows it from the next frame.
+    pub fn set_guest_offloads(&self, bits: u64) {
+        self.guest_offloads.store(bits, Ordering::Relaxed);
     }
 
     pub fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, NicState> {
@@ -298,6 +314,8 @@ impl GuestPort {
 
     fn set_acked(&self, bits: u64) {
         self.acked.store(bits, Ordering::Relaxed);
+        self.guest_offloads
+            .store(bits & GUEST_OFFLOAD_MASK, Ordering::Relaxed);
         // Refresh the published features if vrings are already known.
         if let Some(rx) = self.rx.load_full() {
             self.publish(rx.vrings.clone(), rx.mem.clone());
@@ -351,6 +369,57 @@ impl Egress for GuestPort {
                 stats.rx_hash_false_positive.inc();
             }
         }
+        let offloads = self.guest_offloads.load(Ordering::Relaxed);
+        if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
+            // The guest cannot take this GSO frame whole: segment it here, once.
+            gso::with_scratch(|buf| {
+                let res = gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
+                    let mut h = *h;
+                    self.push_frame(rx, q, offloads, steered, &mut h, seg);
+                });
+                match res {
+                    Ok(_) => stats.rx_gso_segmented.inc(),
+                    Err(e) => {
+                        stats.rx_errors.inc();
+                        if self.warn.allow() {
+                            warn!("port {}: dropping GSO frame: {}", self.id, error_chain(&e));
+                        }
+                    }
+                }
+            });
+            return;
+        }
+        self.push_frame(rx, q, offloads, steered, &mut pkt.hdr, pkt.frame);
+    }
+}
+
+/// Whether a guest with these receive offloads takes a GSO frame of this type whole.
+fn takes_gso(offloads: u64, gso_type: u8) -> bool {
+    let has = |b: u32| offloads & (1 << b) != 0;
+    let ecn_ok = gso_type & GSO_ECN == 0 || has(VIRTIO_NET_F_GUEST_ECN);
+    ecn_ok
+        && match gso_type & !GSO_ECN {
+            GSO_TCPV4 => has(VIRTIO_NET_F_GUEST_TSO4),
+            GSO_TCPV6 => has(VIRTIO_NET_F_GUEST_TSO6),
+            GSO_UDP_L4 => has(VIRTIO_NET_F_GUEST_USO4) && has(VIRTIO_NET_F_GUEST_USO6),
+            _ => false,
+        }
+}
+
+impl GuestPort {
+    /// Writes one frame into RX queue `q`: completes a partial checksum the guest cannot
+    /// take (in place, clearing NEEDS_CSUM in `hdr` so later destinations of a flooded
+    /// frame see it complete), sets the header the guest may see, counts, signals.
+    fn push_frame(
+        &self,
+        rx: &RxPath,
+        q: usize,
+        offloads: u64,
+        steered: Option<Steered>,
+        hdr: &mut VirtioNetHdr,
+        frame: &mut [u8],
+    ) {
+        let stats = &self.stats[q];
         let mem = rx.mem.memory();
         let vring = &rx.vrings[q];
         let mut state = vring.get_mut();
@@ -358,46 +427,44 @@ impl Egress for GuestPort {
             stats.rx_dropped.inc();
             return;
         }
-        let completed = pkt.hdr.needs_csum() && !rx.feat.guest_csum();
+        let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
+        let completed = hdr.needs_csum() && !guest_csum;
         if completed {
-            // The guest cannot take a partial checksum: finish it here (in place, so later
-            // destinations of a flooded frame get it complete too).
-            if let Err(e) = complete_partial(pkt.frame, pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into())
-            {
+            if let Err(e) = complete_partial(frame, hdr.csum_start.into(), hdr.csum_offset.into()) {
                 stats.rx_errors.inc();
                 if self.warn.allow() {
                     warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
                 }
                 return;
             }
-            pkt.hdr.flags &= !F_NEEDS_CSUM;
+            hdr.flags &= !F_NEEDS_CSUM;
         }
-        let mut hdr = pkt.hdr;
-        if !rx.feat.guest_csum() {
+        let mut out = *hdr;
+        if !guest_csum {
             // Without GUEST_CSUM the header flags must be zero (virtio 1.2, 5.1.6.4.1):
             // DATA_VALID from an action or the host's tap is not this guest's to see.
-            hdr.flags = 0;
+            out.flags = 0;
         }
-        if let (true, Some(s)) = (hash_report, steered) {
-            hdr.hash_value = s.hash;
-            hdr.hash_report = s.report;
+        if let (true, Some(s)) = (rx.feat.hash_report(), steered) {
+            out.hash_value = s.hash;
+            out.hash_report = s.report;
         }
         let res = push_rx(
             state.get_queue_mut(),
             &*mem,
             rx.feat.hdr_len(),
             rx.feat.mrg_rxbuf(),
-            &hdr,
-            pkt.frame,
+            &out,
+            frame,
         );
         let notify = match res {
             Ok(_) => {
                 stats.rx_packets.inc();
-                stats.rx_bytes.add(pkt.frame.len() as u64);
+                stats.rx_bytes.add(frame.len() as u64);
                 if completed {
                     stats.rx_csum_completed.inc();
                 }
-                trace!("port {}: rx {} bytes on queue {q}", self.id, pkt.frame.len());
+                trace!("port {}: rx {} bytes on queue {q}", self.id, frame.len());
                 true
             }
             Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
