@@ -143,8 +143,9 @@ pub struct RunArgs {
     /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
-    /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24`: it answers
-    /// ARP for it there and routes between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
+    /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24` or
+    /// `1=fd00:2::1/64`: it answers ARP / neighbour solicitations for it there and routes
+    /// between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
     #[arg(long = "router-ip", value_name = "PORT=ADDR/PREFIX")]
     pub router_ips: Vec<RouterIf>,
     /// A static route: `PREFIX,via=ADDR` (gateway on a connected prefix) or `PREFIX,port=N`

@@ -91,7 +91,10 @@ fn start(sock: &Path, ctl: &Path) -> Daemon {
         .spawn()
         .unwrap();
     let d = Daemon(c);
-    wait_until("control socket", || ctl.exists());
+    // The file appears at bind(), a moment before listen(): wait for a connection.
+    wait_until("control socket", || {
+        std::os::unix::net::UnixStream::connect(ctl).is_ok()
+    });
     d
 }
 
@@ -205,7 +208,9 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         .spawn()
         .unwrap();
     let _d = Daemon(c);
-    wait_until("control socket", || ctlp.exists());
+    wait_until("control socket", || {
+        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
+    });
 
     let (ok, v, _) = ctl(&ctlp, &["action", "list"]);
     assert!(ok);

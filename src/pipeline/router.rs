@@ -19,9 +19,10 @@ use log::trace;
 use crate::stats::QueueStats;
 use crate::wire::arp::{self, ArpPacket};
 use crate::wire::checksum::checksum;
-use crate::wire::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4, HEADER_LEN};
+use crate::wire::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, HEADER_LEN};
 use crate::wire::icmp;
-use crate::wire::ip::{Ipv4Packet, PROTO_ICMP};
+use crate::wire::ip::{Ipv4Packet, Ipv6Packet, IPV6_LEN, PROTO_ICMP, PROTO_ICMPV6};
+use crate::wire::ndp;
 use crate::wire::MacAddr;
 
 /// The router's MAC on every port ("vnic" in the low octets, locally administered).
@@ -430,6 +431,7 @@ pub fn handle(
         ETHERTYPE_IPV4 if frame[..6] == ROUTER_MAC.0 => {
             Outcome::step(ipv4(table, generation, port, frame, cache, stats))
         }
+        ETHERTYPE_IPV6 => ipv6(table, generation, port, frame, cache, stats),
         _ => Outcome::step(Step::Switch),
     }
 }
@@ -530,47 +532,35 @@ fn ipv4(
         stats.route_ttl_exceeded.inc();
         return icmp_error(table, port, frame, cache, icmp::TIME_EXCEEDED, 0);
     }
-    let (mac, _out) = match cache.get(generation, dst) {
-        Some(hit) => {
-            stats.route_cache_hit.inc();
-            hit
+    let mac = match cached_resolve(table, generation, dst, cache, stats) {
+        Resolution::Forward { mac, .. } => mac,
+        Resolution::Unresolved {
+            next_hop: IpAddr::V4(hop),
+            port: out,
+            from: IpAddr::V4(from),
+        } => {
+            // Ask, and drop this packet: the sender's retransmission finds the neighbour
+            // (a router may drop while it resolves, RFC 1812 4.3.2.2).
+            stats.route_unresolved.inc();
+            arp::build(
+                &mut cache.scratch,
+                arp::OP_REQUEST,
+                MacAddr::BROADCAST,
+                (ROUTER_MAC, from),
+                (MacAddr::default(), hop),
+            );
+            return Step::Emit { port: out };
         }
-        None => {
-            stats.route_cache_miss.inc();
-            match table.resolve(dst) {
-                Resolution::Forward { mac, port: out } => {
-                    cache.put(dst, mac, out);
-                    (mac, out)
-                }
-                Resolution::Unresolved {
-                    next_hop: IpAddr::V4(hop),
-                    port: out,
-                    from: IpAddr::V4(from),
-                } => {
-                    // Ask, and drop this packet: the sender's retransmission finds the
-                    // neighbour (a router may drop while it resolves, RFC 1812 4.3.2.2).
-                    stats.route_unresolved.inc();
-                    arp::build(
-                        &mut cache.scratch,
-                        arp::OP_REQUEST,
-                        MacAddr::BROADCAST,
-                        (ROUTER_MAC, from),
-                        (MacAddr::default(), hop),
-                    );
-                    return Step::Emit { port: out };
-                }
-                Resolution::Unresolved { .. } | Resolution::NoRoute => {
-                    stats.route_unreachable.inc();
-                    return icmp_error(
-                        table,
-                        port,
-                        frame,
-                        cache,
-                        icmp::DEST_UNREACHABLE,
-                        icmp::CODE_NET_UNREACHABLE,
-                    );
-                }
-            }
+        _ => {
+            stats.route_unreachable.inc();
+            return icmp_error(
+                table,
+                port,
+                frame,
+                cache,
+                icmp::DEST_UNREACHABLE,
+                icmp::CODE_NET_UNREACHABLE,
+            );
         }
     };
     frame[0..6].copy_from_slice(&mac.0);
@@ -580,6 +570,144 @@ fn ipv4(
     }
     stats.routed.inc();
     Step::Routed
+}
+
+/// The next hop for `dst`, from the worker's cache when it holds this generation, else
+/// from the table (a forwardable answer is then cached). Counts hits and misses.
+fn cached_resolve(
+    table: &RouteTable,
+    generation: u64,
+    dst: IpAddr,
+    cache: &mut RouteCache,
+    stats: &QueueStats,
+) -> Resolution {
+    if let Some((mac, port)) = cache.get(generation, dst) {
+        stats.route_cache_hit.inc();
+        return Resolution::Forward { mac, port };
+    }
+    stats.route_cache_miss.inc();
+    let r = table.resolve(dst);
+    if let Resolution::Forward { mac, port } = r {
+        cache.put(dst, mac, port);
+    }
+    r
+}
+
+/// IPv6: neighbour discovery for the router's addresses and from neighbours (whatever the
+/// destination MAC: solicitations go to multicast), then routing of what is sent to the
+/// router's MAC.
+fn ipv6(
+    table: &RouteTable,
+    generation: u64,
+    port: usize,
+    frame: &mut [u8],
+    cache: &mut RouteCache,
+    stats: &QueueStats,
+) -> Outcome {
+    let to_router = frame[..6] == ROUTER_MAC.0;
+    let ip = &frame[HEADER_LEN..];
+    let Ok(p) = Ipv6Packet::new_checked(ip) else {
+        if to_router {
+            stats.route_errors.inc();
+            return Outcome::step(Step::Done);
+        }
+        return Outcome::step(Step::Switch);
+    };
+    let (src, dst, hop_limit) = (p.src(), p.dst(), p.hop_limit());
+    let total = IPV6_LEN + p.payload_len();
+    if total > ip.len() {
+        if to_router {
+            stats.route_errors.inc();
+            return Outcome::step(Step::Done);
+        }
+        return Outcome::step(Step::Switch);
+    }
+    let icmp = (p.next_header() == PROTO_ICMPV6).then(|| &ip[IPV6_LEN..total]);
+    if let Some(n) = icmp.and_then(|m| ndp::parse_neighbour(hop_limit, m)) {
+        let smac = MacAddr::from_slice(&frame[6..12]).unwrap_or_default();
+        return match n.kind {
+            ndp::NEIGHBOR_SOLICIT => {
+                let learn = n
+                    .lla
+                    .filter(|_| !src.is_unspecified() && table.is_neighbour(port, src.into()))
+                    .map(|mac| (IpAddr::V6(src), mac));
+                // Duplicate address detection (source ::) is not for the router to answer.
+                let step = if table.is_own_on(port, n.target.into()) && !src.is_unspecified() {
+                    ndp::advert(&mut cache.scratch, ROUTER_MAC, &n.target, (smac, src));
+                    Step::Emit { port }
+                } else {
+                    Step::Switch
+                };
+                Outcome { step, learn }
+            }
+            _ => Outcome {
+                step: if to_router { Step::Done } else { Step::Switch },
+                learn: n
+                    .lla
+                    .filter(|_| table.is_neighbour(port, n.target.into()))
+                    .map(|mac| (IpAddr::V6(n.target), mac)),
+            },
+        };
+    }
+    if !to_router {
+        return Outcome::step(Step::Switch);
+    }
+    let dst = IpAddr::V6(dst);
+    if table.is_own(dst) {
+        if icmp.is_some_and(|m| m.len() >= 8 && m[0] == ndp::ECHO_REQUEST)
+            && p.payload_len() + IPV6_LEN == ip.len()
+        {
+            ndp::echo_reply(frame, ROUTER_MAC);
+            return Outcome::step(Step::Bounce { port });
+        }
+        return Outcome::step(Step::Done);
+    }
+    let err = |kind: u8, code: u8, frame: &[u8], cache: &mut RouteCache| {
+        // Never answer an ICMPv6 error (types below 128) with one.
+        let is_error = icmp.is_some_and(|m| m.first().is_some_and(|t| *t < 128));
+        match table.source_for(port, IpAddr::V6(src)) {
+            Some(IpAddr::V6(from)) if !is_error => {
+                let to = MacAddr::from_slice(&frame[6..12]).unwrap_or_default();
+                ndp::error(
+                    &mut cache.scratch,
+                    (ROUTER_MAC, to),
+                    &from,
+                    kind,
+                    code,
+                    &frame[HEADER_LEN..HEADER_LEN + total],
+                );
+                Step::Emit { port }
+            }
+            _ => Step::Done,
+        }
+    };
+    if hop_limit <= 1 {
+        stats.route_ttl_exceeded.inc();
+        return Outcome::step(err(ndp::TIME_EXCEEDED, 0, frame, cache));
+    }
+    let mac = match cached_resolve(table, generation, dst, cache, stats) {
+        Resolution::Forward { mac, .. } => mac,
+        Resolution::Unresolved {
+            next_hop: IpAddr::V6(hop),
+            port: out,
+            from: IpAddr::V6(from),
+        } => {
+            stats.route_unresolved.inc();
+            ndp::solicit(&mut cache.scratch, ROUTER_MAC, &from, &hop);
+            return Outcome::step(Step::Emit { port: out });
+        }
+        _ => {
+            stats.route_unreachable.inc();
+            return Outcome::step(err(ndp::DEST_UNREACHABLE, 0, frame, cache));
+        }
+    };
+    frame[0..6].copy_from_slice(&mac.0);
+    frame[6..12].copy_from_slice(&ROUTER_MAC.0);
+    if let Ok(mut p) = Ipv6Packet::new_checked(&mut frame[HEADER_LEN..]) {
+        p.decrement_hop_limit();
+    }
+    stats.routed.inc();
+    Outcome::step(Step::Routed)
 }
 
 #[cfg(test)]

@@ -542,5 +542,90 @@ mod tests {
             assert_eq!(go(0, bad), Forwarded::Routed);
             assert_eq!(st.route_errors.get(), 1);
         }
+
+        #[test]
+        fn ipv6_neighbour_discovery_and_routing() {
+            use crate::wire::ndp;
+            use std::net::Ipv6Addr;
+            let table = RouteTable::new(
+                vec![
+                    "0=fd00:1::1/64".parse().unwrap(),
+                    "1=fd00:2::1/64".parse().unwrap(),
+                ],
+                Vec::new(),
+            );
+            let sw = Switch::with_rules(Rules::with_router(2, Vec::new(), table));
+            let sinks = plug(&sw);
+            let st = QueueStats::default();
+            let mut routes = RouteCache::default();
+            let mut go = |port: usize, mut f: Vec<u8>| {
+                let mut from = Ingress {
+                    port,
+                    queue: 0,
+                    stats: &st,
+                    routes: &mut routes,
+                };
+                sw.forward(
+                    &mut from,
+                    &mut Packet {
+                        hdr: VirtioNetHdr::default(),
+                        frame: &mut f,
+                    },
+                )
+            };
+            let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+            let (a_ip, b_ip) = (ip6("fd00:1::2"), ip6("fd00:2::2"));
+            // A solicits its gateway: advertised back on port 0, and A is learned.
+            let mut ns = Vec::new();
+            ndp::solicit(&mut ns, A, &a_ip, &ip6("fd00:1::1"));
+            assert_eq!(go(0, ns), Forwarded::Routed);
+            let na = last(&sinks[0]);
+            let n = ndp::parse_neighbour(na[21], &na[54..]).unwrap();
+            assert_eq!(
+                (n.kind, n.target, n.lla),
+                (ndp::NEIGHBOR_ADVERT, ip6("fd00:1::1"), Some(ROUTER_MAC))
+            );
+            assert_eq!(&na[..6], &A.0[..]);
+            assert_eq!(sw.rules().load().router.neigh.get(&a_ip.into()), Some(&A));
+            // A packet for B: the router solicits B on port 1 and drops it.
+            let mut pkt = ROUTER_MAC.0.to_vec();
+            pkt.extend_from_slice(&A.0);
+            pkt.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 8, 17, 64]);
+            pkt.extend_from_slice(&a_ip.octets());
+            pkt.extend_from_slice(&b_ip.octets());
+            pkt.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 8, 0, 0]);
+            assert_eq!(go(0, pkt.clone()), Forwarded::Routed);
+            let sol = last(&sinks[1]);
+            assert_eq!(&sol[..3], &[0x33, 0x33, 0xff]);
+            assert_eq!(ndp::parse_neighbour(sol[21], &sol[54..]).unwrap().target, b_ip);
+            assert_eq!(st.route_unresolved.get(), 1);
+            // B advertises itself to the router; then A's packet is routed, hop limit 63.
+            let mut na = Vec::new();
+            ndp::advert(&mut na, B, &b_ip, (ROUTER_MAC, ip6("fd00:2::1")));
+            assert_eq!(go(1, na), Forwarded::Routed);
+            assert_eq!(go(0, pkt.clone()), Forwarded::Unicast(1));
+            let out = last(&sinks[1]);
+            assert_eq!(
+                (&out[..6], &out[6..12], out[21]),
+                (&B.0[..], &ROUTER_MAC.0[..], 63)
+            );
+            // Hop limit 1: time exceeded back to A, from the router's address on port 0.
+            let mut expiring = pkt.clone();
+            expiring[21] = 1;
+            assert_eq!(go(0, expiring), Forwarded::Routed);
+            let err = last(&sinks[0]);
+            assert_eq!(
+                (err[54], &err[22..38]),
+                (ndp::TIME_EXCEEDED, &ip6("fd00:1::1").octets()[..])
+            );
+            // No route: unreachable.
+            let mut lost = pkt.clone();
+            lost[38..54].copy_from_slice(&ip6("fd00:9::1").octets());
+            go(0, lost);
+            assert_eq!(
+                (last(&sinks[0])[54], st.route_unreachable.get()),
+                (ndp::DEST_UNREACHABLE, 1)
+            );
+        }
     }
 }

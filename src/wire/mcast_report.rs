@@ -53,7 +53,7 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
 
 /// The ICMPv6 pseudo-header's contribution to the checksum (RFC 8200, 8.1): source and
 /// destination address, upper-layer length, next header.
-fn icmpv6_pseudo_sum(src: &[u8], dst: &[u8], len: usize) -> u64 {
+pub(crate) fn icmpv6_pseudo_sum(src: &[u8], dst: &[u8], len: usize) -> u64 {
     partial_sum(src, 0)
         + partial_sum(dst, 0)
         + (len as u64 >> 16)

@@ -9,6 +9,7 @@ pub mod ethernet;
 pub mod icmp;
 pub mod ip;
 pub mod mcast_report;
+pub mod ndp;
 pub mod virtio_net_hdr;
 
 pub use ethernet::{EthernetFrame, MacAddr};

@@ -1,0 +1,224 @@
+//! IPv6 neighbour discovery (RFC 4861) as a router needs it: neighbour solicitations and
+//! advertisements with their link-layer address options, and ICMPv6 messages it sends
+//! (echo replies, errors), each a whole Ethernet frame with a valid checksum.
+
+use std::net::Ipv6Addr;
+
+use super::checksum::{fold, partial_sum};
+use super::ethernet::ETHERTYPE_IPV6;
+use super::ip::PROTO_ICMPV6;
+use super::mcast_report::icmpv6_pseudo_sum;
+use super::MacAddr;
+
+pub const ECHO_REQUEST: u8 = 128;
+pub const ECHO_REPLY: u8 = 129;
+pub const NEIGHBOR_SOLICIT: u8 = 135;
+pub const NEIGHBOR_ADVERT: u8 = 136;
+pub const DEST_UNREACHABLE: u8 = 1;
+pub const TIME_EXCEEDED: u8 = 3;
+
+const OPT_SOURCE_LLA: u8 = 1;
+const OPT_TARGET_LLA: u8 = 2;
+/// NA flags: router, solicited, override.
+const NA_ROUTER: u8 = 0x80;
+const NA_SOLICITED: u8 = 0x40;
+const NA_OVERRIDE: u8 = 0x20;
+/// An ICMPv6 error must fit the IPv6 minimum MTU (RFC 4443 2.4(c)).
+const ERROR_MAX_IP: usize = 1280;
+
+/// A neighbour solicitation or advertisement, parsed from an ICMPv6 message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbour {
+    pub kind: u8,
+    pub target: Ipv6Addr,
+    /// The source (NS) or target (NA) link-layer address option, if present.
+    pub lla: Option<MacAddr>,
+}
+
+/// Parses an NS or NA (`icmp` is the ICMPv6 message, checksum already verified by the
+/// caller or not needed). RFC 4861 7.1.1: hop limit 255 and code 0, else ignored.
+pub fn parse_neighbour(hop_limit: u8, icmp: &[u8]) -> Option<Neighbour> {
+    let kind = *icmp.first()?;
+    if !matches!(kind, NEIGHBOR_SOLICIT | NEIGHBOR_ADVERT) || hop_limit != 255 || icmp.get(1) != Some(&0) {
+        return None;
+    }
+    let target: [u8; 16] = icmp.get(8..24)?.try_into().ok()?;
+    let want = if kind == NEIGHBOR_SOLICIT {
+        OPT_SOURCE_LLA
+    } else {
+        OPT_TARGET_LLA
+    };
+    let mut opts = &icmp[24..];
+    let mut lla = None;
+    while opts.len() >= 8 {
+        let len = usize::from(opts[1]) * 8;
+        if len == 0 || len > opts.len() {
+            return None;
+        }
+        if opts[0] == want && len == 8 {
+            lla = MacAddr::from_slice(&opts[2..8]);
+        }
+        opts = &opts[len..];
+    }
+    Some(Neighbour {
+        kind,
+        target: Ipv6Addr::from(target),
+        lla,
+    })
+}
+
+/// The solicited-node multicast address of `a` (RFC 4291 2.7.1) and its MAC (33:33 + low 32).
+pub fn solicited_node(a: &Ipv6Addr) -> (Ipv6Addr, MacAddr) {
+    let o = a.octets();
+    let ip = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(o[13]),
+        u16::from_be_bytes([o[14], o[15]]),
+    );
+    (ip, MacAddr([0x33, 0x33, 0xff, o[13], o[14], o[15]]))
+}
+
+/// Starts a frame: Ethernet, IPv6 header for an ICMPv6 payload of `len` bytes.
+fn header(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, dst: &Ipv6Addr, hop: u8, len: usize) {
+    out.clear();
+    out.extend_from_slice(&macs.1 .0);
+    out.extend_from_slice(&macs.0 .0);
+    out.extend_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+    out.extend_from_slice(&[0x60, 0, 0, 0]);
+    out.extend_from_slice(&(len as u16).to_be_bytes());
+    out.extend_from_slice(&[PROTO_ICMPV6, hop]);
+    out.extend_from_slice(&src.octets());
+    out.extend_from_slice(&dst.octets());
+}
+
+/// Fills the ICMPv6 checksum of a frame built by `header` + message.
+fn finish(out: &mut [u8]) {
+    let (ip, icmp) = out[14..].split_at_mut(40);
+    icmp[2..4].copy_from_slice(&[0, 0]);
+    let c = !fold(partial_sum(icmp, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], icmp.len()));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+}
+
+/// A solicited neighbour advertisement from the router: `target` is at `mac`.
+pub fn advert(out: &mut Vec<u8>, mac: MacAddr, target: &Ipv6Addr, to: (MacAddr, Ipv6Addr)) {
+    header(out, (mac, to.0), target, &to.1, 255, 32);
+    out.extend_from_slice(&[
+        NEIGHBOR_ADVERT,
+        0,
+        0,
+        0,
+        NA_ROUTER | NA_SOLICITED | NA_OVERRIDE,
+        0,
+        0,
+        0,
+    ]);
+    out.extend_from_slice(&target.octets());
+    out.extend_from_slice(&[OPT_TARGET_LLA, 1]);
+    out.extend_from_slice(&mac.0);
+    finish(out);
+}
+
+/// A neighbour solicitation for `target`, to its solicited-node group.
+pub fn solicit(out: &mut Vec<u8>, mac: MacAddr, src: &Ipv6Addr, target: &Ipv6Addr) {
+    let (group, gmac) = solicited_node(target);
+    header(out, (mac, gmac), src, &group, 255, 32);
+    out.extend_from_slice(&[NEIGHBOR_SOLICIT, 0, 0, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&target.octets());
+    out.extend_from_slice(&[OPT_SOURCE_LLA, 1]);
+    out.extend_from_slice(&mac.0);
+    finish(out);
+}
+
+/// An ICMPv6 error from `src` to the sender of `orig` (an IPv6 packet), quoting as much of
+/// it as the minimum MTU allows.
+pub fn error(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, kind: u8, code: u8, orig: &[u8]) {
+    let Some(dst) = orig.get(8..24).and_then(|b| <[u8; 16]>::try_from(b).ok()) else {
+        return;
+    };
+    let quote = &orig[..orig.len().min(ERROR_MAX_IP - 48)];
+    header(out, macs, src, &Ipv6Addr::from(dst), 64, 8 + quote.len());
+    out.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(quote);
+    finish(out);
+}
+
+/// Turns a frame holding an ICMPv6 echo request whose IPv6 payload is the ICMP message into
+/// the reply, in place (addresses swapped, type 129, hop limit 64, checksum).
+pub fn echo_reply(frame: &mut [u8], router_mac: MacAddr) {
+    let peer = MacAddr::from_slice(&frame[6..12]).unwrap_or_default();
+    frame[0..6].copy_from_slice(&peer.0);
+    frame[6..12].copy_from_slice(&router_mac.0);
+    let ip = &mut frame[14..];
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&ip[8..24]);
+    ip.copy_within(24..40, 8);
+    ip[24..40].copy_from_slice(&a);
+    ip[7] = 64;
+    ip[40] = ECHO_REPLY;
+    finish(frame);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verifies(f: &[u8]) -> bool {
+        let (ip, icmp) = f[14..].split_at(40);
+        fold(partial_sum(icmp, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], icmp.len())) == 0xffff
+    }
+
+    #[test]
+    fn solicit_and_advert_round_trip() {
+        let mac = MacAddr([2, 0x76, 0x6e, 0x69, 0x63, 1]);
+        let me: Ipv6Addr = "fd00:1::1".parse().unwrap();
+        let peer: Ipv6Addr = "fd00:1::2:3456".parse().unwrap();
+        let mut f = Vec::new();
+        solicit(&mut f, mac, &me, &peer);
+        assert_eq!(&f[..6], &[0x33, 0x33, 0xff, 0x02, 0x34, 0x56]);
+        assert_eq!(
+            &f[38..54],
+            &"ff02::1:ff02:3456".parse::<Ipv6Addr>().unwrap().octets()
+        );
+        assert!(verifies(&f));
+        let n = parse_neighbour(f[21], &f[54..]).unwrap();
+        assert_eq!((n.kind, n.target, n.lla), (NEIGHBOR_SOLICIT, peer, Some(mac)));
+        advert(&mut f, mac, &me, (MacAddr([2, 0, 0, 0, 0, 2]), peer));
+        assert!(verifies(&f));
+        let n = parse_neighbour(f[21], &f[54..]).unwrap();
+        assert_eq!((n.kind, n.target, n.lla), (NEIGHBOR_ADVERT, me, Some(mac)));
+        assert_eq!(f[58], NA_ROUTER | NA_SOLICITED | NA_OVERRIDE);
+        // Hop limit other than 255: not a valid ND message.
+        assert!(parse_neighbour(64, &f[54..]).is_none());
+        // An option of length 0 is malformed.
+        let mut bad = f[54..].to_vec();
+        bad[25] = 0;
+        assert!(parse_neighbour(255, &bad).is_none());
+        assert!(parse_neighbour(255, &bad[..10]).is_none());
+    }
+
+    #[test]
+    fn error_quotes_within_the_minimum_mtu() {
+        let mut orig = vec![0x60, 0, 0, 0, 0x05, 0xc8, 17, 1];
+        orig.extend_from_slice(&"fd00:2::2".parse::<Ipv6Addr>().unwrap().octets());
+        orig.extend_from_slice(&"fd00:1::2".parse::<Ipv6Addr>().unwrap().octets());
+        orig.resize(1500, 0xab);
+        let mut f = Vec::new();
+        let src: Ipv6Addr = "fd00:2::1".parse().unwrap();
+        error(
+            &mut f,
+            (MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])),
+            &src,
+            TIME_EXCEEDED,
+            0,
+            &orig,
+        );
+        assert_eq!(f.len() - 14, 1280);
+        assert!(verifies(&f));
+        assert_eq!(&f[38..54], &orig[8..24], "sent back to the original source");
+    }
+}
