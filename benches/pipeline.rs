@@ -13,20 +13,18 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
-use dpaa_vnic::stats::QueueStats;
+use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::checksum::checksum;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 
 /// Counts what it is given, as cheaply as a port can.
 #[derive(Default)]
-struct Counter(AtomicU64, QueueStats);
+struct Counter(AtomicU64);
 
 impl Egress for Counter {
-    fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
         self.0.fetch_add(pkt.frame.len() as u64, Ordering::Relaxed);
-    }
-    fn queue_stats(&self, _flow: usize) -> &QueueStats {
-        &self.1
+        tally.at(1, flow).tx_packets.inc();
     }
 }
 
@@ -74,7 +72,7 @@ fn bench_forward(c: &mut Criterion) {
             for (i, s) in sinks.iter().enumerate() {
                 sw.attach(i, s.clone());
             }
-            let stats = QueueStats::default();
+            let tally = sw.tallies().register();
             let mut routes = RouteCache::default();
             // Teach the switch where port 1's station is.
             let mut hello = udp_frame(64);
@@ -83,7 +81,7 @@ fn bench_forward(c: &mut Criterion) {
             let mut from1 = Ingress {
                 port: 1,
                 queue: 0,
-                stats: &stats,
+                tally: &tally,
                 routes: &mut routes,
             };
             sw.forward(
@@ -99,7 +97,7 @@ fn bench_forward(c: &mut Criterion) {
                 let mut from = Ingress {
                     port: 0,
                     queue: 0,
-                    stats: &stats,
+                    tally: &tally,
                     routes: &mut routes,
                 };
                 b.iter(|| {

@@ -56,11 +56,10 @@ fn run(cfg: Config) -> ExitCode {
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
     let table = RouteTable::new(cfg.router_ips.clone(), cfg.routes.clone());
-    let switch = Arc::new(Switch::with_rules(Rules::with_router(
-        nports,
-        cfg.csum_actions.clone(),
-        table,
-    )));
+    let switch = Arc::new(Switch::with_queues(
+        Rules::with_router(nports, cfg.csum_actions.clone(), table),
+        usize::from(cfg.queue_pairs),
+    ));
     let mut ports = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {

@@ -1,8 +1,12 @@
-//! Counters. Each queue owns a cache-line-aligned block written by the thread that serves
-//! the queue (or, for a guest's RX queue, by whoever holds that queue's lock); the control
-//! socket only reads them, and sums on read.
+//! Counters, each written by exactly one thread. A worker thread (a guest queue pair's, a
+//! tap queue's reader, the snoop querier) owns a [`Tally`]: one cache-line-aligned block per
+//! (port, queue), holding what it received on its own queue and what it delivered to every
+//! other port's queues. Nobody else writes it, so a count is a plain load and store, no
+//! atomic read-modify-write and no shared written cache line. `ctl stats` and `--metrics`
+//! sum the tallies of all workers on read ([`Tallies`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -10,9 +14,12 @@ use serde::Serialize;
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// Single writer (the tally's owner): load and store, no locked read-modify-write.
+    /// Readers on other threads see each value whole, possibly a moment late.
     #[inline]
     pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.0
+            .store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
     #[inline]
@@ -83,6 +90,73 @@ queue_counters!(
     route_errors,
 );
 
+/// What one worker thread counts, for every port and queue: written by that thread only.
+#[derive(Debug)]
+pub struct Tally {
+    queues: usize,
+    blocks: Vec<QueueStats>,
+}
+
+impl Tally {
+    fn new(ports: usize, queues: usize) -> Self {
+        let queues = queues.max(1);
+        Tally {
+            queues,
+            blocks: (0..ports.max(1) * queues)
+                .map(|_| QueueStats::default())
+                .collect(),
+        }
+    }
+
+    /// The block for `port`'s queue `queue` (queue taken modulo the queue count; an unknown
+    /// port maps to the last block rather than panicking).
+    #[inline]
+    pub fn at(&self, port: usize, queue: usize) -> &QueueStats {
+        let i = port * self.queues + queue % self.queues;
+        &self.blocks[i.min(self.blocks.len() - 1)]
+    }
+}
+
+/// Every worker's tally, for summing on read. Workers register once, when they start.
+#[derive(Debug)]
+pub struct Tallies {
+    ports: usize,
+    queues: usize,
+    all: Mutex<Vec<Arc<Tally>>>,
+}
+
+impl Tallies {
+    pub fn new(ports: usize, queues: usize) -> Self {
+        Tallies {
+            ports,
+            queues: queues.max(1),
+            all: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A tally for a new worker thread. Tallies are kept after their worker ends, so counts
+    /// survive reconnects.
+    pub fn register(&self) -> Arc<Tally> {
+        let t = Arc::new(Tally::new(self.ports, self.queues));
+        self.all.lock().unwrap_or_else(|p| p.into_inner()).push(t.clone());
+        t
+    }
+
+    /// `port`'s counters per queue, summed over all workers.
+    pub fn port(&self, port: usize) -> Vec<QueueSnapshot> {
+        let all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.queues)
+            .map(|q| {
+                let mut s = QueueSnapshot::default();
+                for t in all.iter() {
+                    s += t.at(port, q).snapshot();
+                }
+                s
+            })
+            .collect()
+    }
+}
+
 /// Counters of a port's control path (device attachment only).
 #[derive(Debug, Default)]
 pub struct CtrlStats {
@@ -125,5 +199,20 @@ mod tests {
         t += b.snapshot();
         assert_eq!((t.tx_packets, t.tx_bytes, t.rx_packets), (3, 60, 0));
         assert_eq!(std::mem::align_of::<QueueStats>(), 64);
+    }
+
+    #[test]
+    fn tallies_sum_per_port_and_queue() {
+        let all = Tallies::new(2, 2);
+        let (w1, w2) = (all.register(), all.register());
+        w1.at(1, 0).rx_packets.inc();
+        w2.at(1, 0).rx_packets.add(2);
+        w2.at(1, 3).rx_packets.inc(); // queue 3 of 2: queue 1
+        w1.at(0, 0).tx_packets.inc();
+        let p1 = all.port(1);
+        assert_eq!((p1[0].rx_packets, p1[1].rx_packets, p1[0].tx_packets), (3, 1, 0));
+        assert_eq!(all.port(0)[0].tx_packets, 1);
+        // An unknown port does not panic.
+        w1.at(9, 9).rx_dropped.inc();
     }
 }

@@ -15,7 +15,7 @@ use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
 use dpaa_vnic::ports::vhost_user::{FilterConfig, GuestPort};
-use dpaa_vnic::stats::QueueStats;
+use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -40,14 +40,11 @@ const QBASE: [u64; 3] = [0x1000, 0x4000, 0x8000];
 
 /// Port 1 of the switch: records what the guest port forwards.
 #[derive(Default)]
-struct Sink(Mutex<Vec<Vec<u8>>>, QueueStats);
+struct Sink(Mutex<Vec<Vec<u8>>>);
 
 impl Egress for Sink {
-    fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
         self.0.lock().unwrap().push(pkt.frame.to_vec());
-    }
-    fn queue_stats(&self, _flow: usize) -> &QueueStats {
-        &self.1
     }
 }
 
@@ -56,6 +53,8 @@ struct Rig {
     path: PathBuf,
     port: Arc<GuestPort>,
     sink: Arc<Sink>,
+    /// The test's own worker counters, for frames it sends into the port.
+    tally: Arc<Tally>,
 }
 
 fn rig() -> Rig {
@@ -86,6 +85,7 @@ fn rig() -> Rig {
         path,
         port,
         sink,
+        tally: switch.tallies().register(),
     }
 }
 
@@ -184,6 +184,7 @@ fn post_rx_buffers(g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) {
 fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: VirtioNetHdr, f: &[u8]) {
     wait_until("rx path published", || {
         r.port.send(
+            &r.tally,
             0,
             &mut Packet {
                 hdr,
@@ -236,14 +237,14 @@ fn tx_frame_reaches_the_switch_and_is_counted() {
     assert_eq!(r.sink.0.lock().unwrap()[0], f);
     wait_until("used ring", || txq.used().idx().load() == 1);
     assert_eq!(g.call[1].read().unwrap(), 1, "TX completion must be signalled");
-    let s = r.port.stats[0].snapshot();
+    let s = r.port.stats()[0];
     assert_eq!((s.tx_packets, s.tx_bytes, s.tx_errors), (1, 60, 0));
 
     // A chain the backend must refuse (device-writable in TX) is returned and counted.
     txq.add_desc_chains(&[d(0x10_2000, 64, F_WRITE, 0)], 2).unwrap();
     g.kick[1].write(1).unwrap();
     wait_until("bad chain returned", || txq.used().idx().load() == 2);
-    assert_eq!(r.port.stats[0].snapshot().tx_errors, 1);
+    assert_eq!(r.port.stats()[0].tx_errors, 1);
     assert_eq!(r.sink.0.lock().unwrap().len(), 1);
 }
 
@@ -320,6 +321,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
     assert!(g.call[0].read().unwrap() >= 1);
     // Out of buffers after the second frame: the third is dropped and counted.
     r.port.send(
+        &r.tally,
         0,
         &mut Packet {
             hdr: VirtioNetHdr::default(),
@@ -328,13 +330,14 @@ fn rx_frame_is_written_with_header_and_signalled() {
     );
     let mut f3 = f.clone();
     r.port.send(
+        &r.tally,
         0,
         &mut Packet {
             hdr: VirtioNetHdr::default(),
             frame: &mut f3,
         },
     );
-    let s = r.port.stats[0].snapshot();
+    let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
     assert!(s.rx_dropped >= 1);
 }
@@ -378,7 +381,7 @@ fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     assert_eq!(sum, 0xffff, "checksum does not verify");
-    assert_eq!(r.port.stats[0].snapshot().rx_csum_completed, 1);
+    assert_eq!(r.port.stats()[0].rx_csum_completed, 1);
 }
 
 #[test]

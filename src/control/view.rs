@@ -9,7 +9,7 @@ use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
-use crate::stats::{QueueSnapshot, QueueStats};
+use crate::stats::QueueSnapshot;
 use crate::wire::MacAddr;
 
 /// A port as the control socket sees it.
@@ -49,13 +49,12 @@ pub struct StatsView {
     pub ctrl_commands: u64,
 }
 
-fn queues(stats: &[QueueStats]) -> (Vec<QueueView>, QueueSnapshot) {
+fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
     let mut total = QueueSnapshot::default();
     let v = stats
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(queue, s)| {
-            let counters = s.snapshot();
+        .map(|(queue, counters)| {
             total += counters;
             QueueView { queue, counters }
         })
@@ -72,7 +71,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
     for p in ports {
         let ps = match p {
             PortRef::Guest(g) => {
-                let (queues, totals) = queues(&g.stats);
+                let (queues, totals) = queues(g.stats());
                 let c = g.ctrl_stats.snapshot();
                 let filter = g.lock_ctrl().filter.stats();
                 PortStats {
@@ -90,7 +89,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                 }
             }
             PortRef::Tap(t) => {
-                let (queues, totals) = queues(&t.stats);
+                let (queues, totals) = queues(t.stats());
                 PortStats {
                     id: t.id,
                     kind: "tap",

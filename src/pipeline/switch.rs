@@ -10,7 +10,7 @@ use super::csum_action::{self, Dir, Verdict};
 use super::fdb::Fdb;
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
-use crate::stats::QueueStats;
+use crate::stats::{QueueStats, Tallies, Tally};
 use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
 
 /// A frame in flight with its virtio-net header. The frame is mutable so an egress that must
@@ -22,20 +22,32 @@ pub struct Packet<'a> {
 
 /// Something a port can be sent to.
 pub trait Egress: Send + Sync {
-    /// Hands one frame to the port. `flow` selects the queue; the port counts what it drops.
-    fn send(&self, flow: usize, pkt: &mut Packet<'_>);
-
-    /// The counters of the queue `flow` is sent on: egress actions count there.
-    fn queue_stats(&self, flow: usize) -> &QueueStats;
+    /// Hands one frame to the port. `flow` selects the queue; what happens to the frame is
+    /// counted in `tally`, the sending worker's own counters.
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>);
 }
 
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
-/// queue's counters, its route cache).
+/// counters, its route cache).
 pub struct Ingress<'a> {
     pub port: usize,
     pub queue: usize,
-    pub stats: &'a QueueStats,
+    pub tally: &'a Tally,
     pub routes: &'a mut RouteCache,
+}
+
+impl Ingress<'_> {
+    /// The counters of the queue the frame came in on.
+    pub fn stats(&self) -> &QueueStats {
+        self.tally.at(self.port, self.queue)
+    }
+}
+
+/// Where a delivery is counted and which snapshot it follows.
+struct Out<'a> {
+    rules: &'a Rules,
+    tally: &'a Tally,
+    flow: usize,
 }
 
 /// Where a frame went.
@@ -59,6 +71,7 @@ pub struct Switch {
     ports: Vec<OnceLock<Arc<dyn Egress>>>,
     fdb: Fdb,
     rules: LiveRules,
+    tallies: Tallies,
 }
 
 /// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
@@ -83,11 +96,22 @@ impl Switch {
     }
 
     pub fn with_rules(rules: Rules) -> Self {
+        Self::with_queues(rules, 1)
+    }
+
+    /// A switch whose ports have `queues` queues each (counters are kept per queue).
+    pub fn with_queues(rules: Rules, queues: usize) -> Self {
         Switch {
             ports: (0..rules.nports()).map(|_| OnceLock::new()).collect(),
             fdb: Fdb::default(),
+            tallies: Tallies::new(rules.nports(), queues),
             rules: LiveRules::new(rules),
         }
+    }
+
+    /// Every worker's counters: register a worker with it, sum a port's counters from it.
+    pub fn tallies(&self) -> &Tallies {
+        &self.tallies
     }
 
     /// Plugs `egress` in as port `id`; each port is attached once, at start-up.
@@ -113,7 +137,7 @@ impl Switch {
         let rules = self.rules.load();
         let src = from.port;
         let ingress = rules.actions_for(src, Dir::Ingress);
-        if !ingress.is_empty() && !apply(ingress, pkt, from.stats) {
+        if !ingress.is_empty() && !apply(ingress, pkt, from.stats()) {
             return Forwarded::Dropped;
         }
         let Ok(eth) = EthernetFrame::new_checked(&*pkt.frame) else {
@@ -122,6 +146,11 @@ impl Switch {
         let (mut dst, smac): (MacAddr, MacAddr) = (eth.dst(), eth.src());
         self.fdb.learn(&smac, src);
         let mut routed = false;
+        let out = Out {
+            rules: &rules,
+            tally: from.tally,
+            flow: from.queue,
+        };
         if rules.router.enabled() {
             let r = router::handle(
                 &rules.router,
@@ -129,7 +158,7 @@ impl Switch {
                 src,
                 pkt.frame,
                 from.routes,
-                from.stats,
+                from.tally.at(src, from.queue),
             );
             if let Some((ip, mac)) = r.learn {
                 self.rules.learn_neighbour(ip, mac);
@@ -139,13 +168,13 @@ impl Switch {
                 Step::Done => return Forwarded::Routed,
                 Step::Emit { port } => {
                     let mut frame = std::mem::take(&mut from.routes.scratch);
-                    self.send_to(&rules, port, from.queue, &mut frame);
+                    self.send_to(&out, port, &mut frame);
                     from.routes.scratch = frame;
                     return Forwarded::Routed;
                 }
                 Step::Bounce { port } => {
                     if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
-                        self.deliver(&rules, port, &**p, from.queue, pkt, false);
+                        self.deliver(&out, port, &**p, pkt, false);
                     }
                     return Forwarded::Routed;
                 }
@@ -156,14 +185,14 @@ impl Switch {
             }
         }
         if dst.is_unicast() {
-            if let Some(out) = self.fdb.lookup(&dst) {
+            if let Some(to) = self.fdb.lookup(&dst) {
                 // A routed packet may leave by the port it came in on (both subnets there).
-                if out == src && !routed {
+                if to == src && !routed {
                     return Forwarded::Dropped;
                 }
-                if let Some(p) = self.ports.get(out).and_then(OnceLock::get) {
-                    self.deliver(&rules, out, &**p, from.queue, pkt, false);
-                    return Forwarded::Unicast(out);
+                if let Some(p) = self.ports.get(to).and_then(OnceLock::get) {
+                    self.deliver(&out, to, &**p, pkt, false);
+                    return Forwarded::Unicast(to);
                 }
             }
         }
@@ -173,7 +202,7 @@ impl Switch {
         for (i, p) in self.ports.iter().enumerate() {
             if i != src {
                 if let Some(p) = p.get() {
-                    self.deliver(&rules, i, &**p, from.queue, pkt, Some(i) != last);
+                    self.deliver(&out, i, &**p, pkt, Some(i) != last);
                 }
             }
         }
@@ -181,36 +210,30 @@ impl Switch {
     }
 
     /// Sends a frame the switch originated (router replies) to one port.
-    fn send_to(&self, rules: &Rules, port: usize, flow: usize, frame: &mut [u8]) {
+    fn send_to(&self, out: &Out<'_>, port: usize, frame: &mut [u8]) {
         if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
             let mut pkt = Packet {
                 hdr: VirtioNetHdr::default(),
                 frame,
             };
-            self.deliver(rules, port, &**p, flow, &mut pkt, false);
+            self.deliver(out, port, &**p, &mut pkt, false);
         }
     }
 
     /// Sends to one port through its egress actions. `shared`: other ports get the same
     /// frame after this one, so actions work on a copy.
-    fn deliver(
-        &self,
-        rules: &Rules,
-        id: usize,
-        p: &dyn Egress,
-        flow: usize,
-        pkt: &mut Packet<'_>,
-        shared: bool,
-    ) {
-        let actions = rules.actions_for(id, Dir::Egress);
+    fn deliver(&self, out: &Out<'_>, id: usize, p: &dyn Egress, pkt: &mut Packet<'_>, shared: bool) {
+        let (tally, flow) = (out.tally, out.flow);
+        let actions = out.rules.actions_for(id, Dir::Egress);
         if actions.is_empty() {
-            p.send(flow, pkt);
+            p.send(tally, flow, pkt);
             return;
         }
-        let stats = p.queue_stats(flow);
+        // Counted on the egress port's queue, in the delivering worker's tally.
+        let stats = tally.at(id, flow);
         if !shared {
             if apply(actions, pkt, stats) {
-                p.send(flow, pkt);
+                p.send(tally, flow, pkt);
             }
             return;
         }
@@ -236,7 +259,7 @@ impl Switch {
                 frame: buf,
             };
             if apply(actions, &mut copy, stats) {
-                p.send(flow, &mut copy);
+                p.send(tally, flow, &mut copy);
             }
         });
     }
@@ -250,15 +273,11 @@ mod tests {
     #[derive(Default)]
     struct Sink {
         got: Mutex<Vec<Vec<u8>>>,
-        stats: QueueStats,
     }
 
     impl Egress for Sink {
-        fn send(&self, _flow: usize, pkt: &mut Packet<'_>) {
+        fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
             self.got.lock().unwrap().push(pkt.frame.to_vec());
-        }
-        fn queue_stats(&self, _flow: usize) -> &QueueStats {
-            &self.stats
         }
     }
 
@@ -278,12 +297,12 @@ mod tests {
         sinks
     }
 
-    fn send(sw: &Switch, port: usize, stats: &QueueStats, mut f: Vec<u8>) -> Forwarded {
+    fn send(sw: &Switch, port: usize, tally: &Tally, mut f: Vec<u8>) -> Forwarded {
         let mut routes = RouteCache::default();
         let mut from = Ingress {
             port,
             queue: 0,
-            stats,
+            tally,
             routes: &mut routes,
         };
         sw.forward(
@@ -303,7 +322,7 @@ mod tests {
     fn learns_then_unicasts_and_floods_the_rest() {
         let sw = Switch::new(3);
         let sinks = plug(&sw);
-        let st = QueueStats::default();
+        let st = sw.tallies().register();
         let a = "02:00:00:00:00:0a";
         let b = "02:00:00:00:00:0b";
         // Unknown destination: flooded to ports 1 and 2, never back to 0.
@@ -340,21 +359,21 @@ mod tests {
         let rules = Rules::new(3, vec!["port=1,dir=egress,update=iph".parse().unwrap()]);
         let sw = Switch::with_rules(rules);
         let sinks = plug(&sw);
-        let st = QueueStats::default();
+        let st = sw.tallies().register();
         assert_eq!(send(&sw, 0, &st, bad_iph_frame()), Forwarded::Flooded);
         let fixed = &sinks[1].got.lock().unwrap()[0];
         assert_eq!(crate::wire::checksum::checksum(&fixed[14..34]), 0);
         assert_eq!(&sinks[2].got.lock().unwrap()[0], &bad_iph_frame());
-        assert_eq!(sinks[1].stats.csum_updated.get(), 1);
-        assert_eq!(sinks[2].stats.csum_updated.get(), 0);
-        assert_eq!(st.csum_updated.get(), 0);
+        // Counted on the egress port, in the sending worker's tally.
+        let updated = |p: usize| sw.tallies().port(p)[0].csum_updated;
+        assert_eq!((updated(0), updated(1), updated(2)), (0, 1, 0));
     }
 
     #[test]
     fn ingress_action_failure_drops_and_counts_and_rules_change_live() {
         let sw = Switch::new(2);
         let sinks = plug(&sw);
-        let st = QueueStats::default();
+        let st = sw.tallies().register();
         let mut lying = bad_iph_frame();
         lying[16..18].copy_from_slice(&900u16.to_be_bytes());
         // No actions: the lying frame goes through untouched.
@@ -367,9 +386,10 @@ mod tests {
             })
             .unwrap();
         assert_eq!(send(&sw, 0, &st, lying), Forwarded::Dropped);
-        assert_eq!((st.csum_failed.get(), st.csum_updated.get()), (1, 0));
+        let c = st.at(0, 0);
+        assert_eq!((c.csum_failed.get(), c.csum_updated.get()), (1, 0));
         assert_eq!(send(&sw, 0, &st, bad_iph_frame()), Forwarded::Flooded);
-        assert_eq!(st.csum_updated.get(), 1);
+        assert_eq!(c.csum_updated.get(), 1);
         assert_eq!(counts(&sinks), vec![0, 2]);
     }
 
@@ -414,13 +434,13 @@ mod tests {
         #[test]
         fn arp_then_route_with_a_per_queue_cache() {
             let (sw, sinks) = router();
-            let st = QueueStats::default();
+            let st = sw.tallies().register();
             let mut routes = RouteCache::default();
             let mut go = |port: usize, mut f: Vec<u8>| {
                 let mut from = Ingress {
                     port,
                     queue: 0,
-                    stats: &st,
+                    tally: &st,
                     routes: &mut routes,
                 };
                 sw.forward(
@@ -458,7 +478,13 @@ mod tests {
                 (a.op(), a.target_ip(), a.sender_ip()),
                 (arp::OP_REQUEST, b_ip, Ipv4Addr::new(10, 2, 0, 1))
             );
-            assert_eq!((st.route_unresolved.get(), st.route_cache_miss.get()), (1, 1));
+            assert_eq!(
+                (
+                    st.at(0, 0).route_unresolved.get(),
+                    st.at(0, 0).route_cache_miss.get()
+                ),
+                (1, 1)
+            );
             // B answers; the reply is for the router and goes no further.
             let mut rep = Vec::new();
             arp::build(
@@ -479,13 +505,19 @@ mod tests {
             let ip = Ipv4Packet::new_checked(&out[14..]).unwrap();
             assert_eq!(ip.ttl(), 63);
             assert_eq!(checksum(&out[14..34]), 0);
-            assert_eq!((st.route_cache_miss.get(), st.route_cache_hit.get()), (2, 0));
+            assert_eq!(
+                (
+                    st.at(0, 0).route_cache_miss.get(),
+                    st.at(0, 0).route_cache_hit.get()
+                ),
+                (2, 0)
+            );
             go(0, udp_to(b_ip.octets(), 64));
             assert_eq!(
                 (
-                    st.route_cache_miss.get(),
-                    st.route_cache_hit.get(),
-                    st.routed.get()
+                    st.at(0, 0).route_cache_miss.get(),
+                    st.at(0, 0).route_cache_hit.get(),
+                    st.at(0, 0).routed.get()
                 ),
                 (2, 1, 2)
             );
@@ -500,7 +532,7 @@ mod tests {
                 })
                 .unwrap();
             go(0, udp_to(b_ip.octets(), 64));
-            assert_eq!(st.route_cache_miss.get(), 3);
+            assert_eq!(st.at(0, 0).route_cache_miss.get(), 3);
             assert_eq!(go(0, udp_to([192, 168, 3, 4], 64)), Forwarded::Unicast(1));
             assert_eq!(&last(&sinks[1])[..6], &B.0[..]);
 
@@ -515,8 +547,8 @@ mod tests {
             assert_eq!(
                 (
                     last(&sinks[0])[34],
-                    st.route_unreachable.get(),
-                    st.route_ttl_exceeded.get()
+                    st.at(0, 0).route_unreachable.get(),
+                    st.at(0, 0).route_ttl_exceeded.get()
                 ),
                 (3, 1, 1)
             );
@@ -540,7 +572,7 @@ mod tests {
             let mut bad = udp_to(b_ip.octets(), 64);
             bad[24] ^= 0xff;
             assert_eq!(go(0, bad), Forwarded::Routed);
-            assert_eq!(st.route_errors.get(), 1);
+            assert_eq!(st.at(0, 0).route_errors.get(), 1);
         }
 
         #[test]
@@ -556,13 +588,13 @@ mod tests {
             );
             let sw = Switch::with_rules(Rules::with_router(2, Vec::new(), table));
             let sinks = plug(&sw);
-            let st = QueueStats::default();
+            let st = sw.tallies().register();
             let mut routes = RouteCache::default();
             let mut go = |port: usize, mut f: Vec<u8>| {
                 let mut from = Ingress {
                     port,
                     queue: 0,
-                    stats: &st,
+                    tally: &st,
                     routes: &mut routes,
                 };
                 sw.forward(
@@ -598,7 +630,7 @@ mod tests {
             let sol = last(&sinks[1]);
             assert_eq!(&sol[..3], &[0x33, 0x33, 0xff]);
             assert_eq!(ndp::parse_neighbour(sol[21], &sol[54..]).unwrap().target, b_ip);
-            assert_eq!(st.route_unresolved.get(), 1);
+            assert_eq!(st.at(0, 0).route_unresolved.get(), 1);
             // B advertises itself to the router; then A's packet is routed, hop limit 63.
             let mut na = Vec::new();
             ndp::advert(&mut na, B, &b_ip, (ROUTER_MAC, ip6("fd00:2::1")));
@@ -623,7 +655,7 @@ mod tests {
             lost[38..54].copy_from_slice(&ip6("fd00:9::1").octets());
             go(0, lost);
             assert_eq!(
-                (last(&sinks[0])[54], st.route_unreachable.get()),
+                (last(&sinks[0])[54], st.at(0, 0).route_unreachable.get()),
                 (ndp::DEST_UNREACHABLE, 1)
             );
         }

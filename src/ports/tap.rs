@@ -15,7 +15,7 @@ use super::WarnLimiter;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Egress, Ingress, Packet, Switch};
-use crate::stats::QueueStats;
+use crate::stats::{QueueSnapshot, QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN};
 
@@ -64,7 +64,6 @@ pub struct TapPort {
     pub id: usize,
     pub name: String,
     queues: Vec<File>,
-    pub stats: Vec<QueueStats>,
     switch: Arc<Switch>,
     warn: WarnLimiter,
     /// Partial checksums may be written as they are (`--tap-csum on`).
@@ -165,11 +164,15 @@ impl TapPort {
             id,
             name: name.to_string(),
             queues: files,
-            stats: (0..queues).map(|_| QueueStats::default()).collect(),
             switch,
             warn: WarnLimiter::default(),
             csum,
         })
+    }
+
+    /// Counters per queue, summed over every worker that counted for this port.
+    pub fn stats(&self) -> Vec<QueueSnapshot> {
+        self.switch.tallies().port(self.id)
     }
 
     /// Starts one reader thread per queue: frames the host sends into the tap enter the switch.
@@ -187,7 +190,8 @@ impl TapPort {
     fn read_loop(&self, q: usize) {
         let mut buf = vec![0u8; RX_BUF];
         let mut routes = RouteCache::default();
-        let stats = &self.stats[q];
+        let tally = self.switch.tallies().register();
+        let stats = tally.at(self.id, q);
         let mut f = &self.queues[q];
         loop {
             let n = match f.read(&mut buf) {
@@ -219,7 +223,7 @@ impl TapPort {
             let mut from = Ingress {
                 port: self.id,
                 queue: q,
-                stats,
+                tally: &tally,
                 routes: &mut routes,
             };
             self.switch.forward(&mut from, &mut pkt);
@@ -228,19 +232,15 @@ impl TapPort {
 }
 
 impl Egress for TapPort {
-    fn queue_stats(&self, flow: usize) -> &QueueStats {
-        &self.stats[flow % self.stats.len()]
-    }
-
-    fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
         let q = flow % self.queues.len();
-        let stats = &self.stats[q];
+        let stats = tally.at(self.id, q);
         if !self.csum && pkt.hdr.gso_type != GSO_NONE {
             // No offloads on this tap: the host gets MSS-sized segments.
             let res = gso::with_scratch(|buf| {
                 gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
                     let mut p = Packet { hdr: *h, frame: seg };
-                    self.write(q, &mut p);
+                    self.write(stats, q, &mut p);
                 })
             });
             match res {
@@ -254,14 +254,13 @@ impl Egress for TapPort {
             }
             return;
         }
-        self.write(q, pkt);
+        self.write(stats, q, pkt);
     }
 }
 
 impl TapPort {
     /// One frame into tap queue `q`, completing a partial checksum with `--tap-csum off`.
-    fn write(&self, q: usize, pkt: &mut Packet<'_>) {
-        let stats = &self.stats[q];
+    fn write(&self, stats: &QueueStats, q: usize, pkt: &mut Packet<'_>) {
         if !self.csum && pkt.hdr.needs_csum() {
             let (start, off) = (pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into());
             if let Err(e) = complete_partial(pkt.frame, start, off) {

@@ -22,6 +22,7 @@ use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
+use crate::stats::Tally;
 use crate::wire::virtio_net_hdr::GSO_NONE;
 use crate::wire::VirtioNetHdr;
 
@@ -43,12 +44,13 @@ struct Session {
     scratch: Vec<Mutex<Worker>>,
 }
 
-/// What one worker thread owns: its frame buffer and its route cache. Only that thread
+/// What one worker thread owns: its frame buffer, its route cache, its counters. Only that thread
 /// locks it, so the lock is never contended.
-#[derive(Default)]
 struct Worker {
     buf: Vec<u8>,
     routes: RouteCache,
+    /// This thread's counters (registered with the switch, summed on read).
+    tally: Arc<Tally>,
 }
 
 #[derive(Clone)]
@@ -67,7 +69,15 @@ impl VnicBackend {
         let attach = (0..threads)
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
-        let scratch = (0..threads).map(|_| Mutex::new(Worker::default())).collect();
+        let scratch = (0..threads)
+            .map(|_| {
+                Mutex::new(Worker {
+                    buf: Vec::new(),
+                    routes: RouteCache::default(),
+                    tally: port.switch.tallies().register(),
+                })
+            })
+            .collect();
         let pairs = usize::from(port.queue_pairs);
         Ok(VnicBackend(Arc::new(Session {
             port,
@@ -133,12 +143,12 @@ impl VnicBackend {
 
     fn process_tx(&self, pair: usize, vring: &Vring, thread: usize) -> io::Result<()> {
         let port = &self.0.port;
-        let stats = &port.stats[pair.min(port.stats.len() - 1)];
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
-        let Worker { buf, routes } = &mut *worker;
+        let Worker { buf, routes, tally } = &mut *worker;
+        let stats = tally.at(port.id, pair);
         if buf.len() < TX_BUF {
             buf.resize(TX_BUF, 0);
         }
@@ -184,7 +194,7 @@ impl VnicBackend {
                         let mut from = Ingress {
                             port: port.id,
                             queue: pair,
-                            stats,
+                            tally,
                             routes,
                         };
                         port.switch.forward(&mut from, &mut pkt);

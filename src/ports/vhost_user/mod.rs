@@ -31,7 +31,7 @@ use crate::device::rss::{Steered, SteeringCell};
 use crate::device::NicState;
 use crate::pipeline::gso;
 use crate::pipeline::{Egress, Packet, Switch};
-use crate::stats::{CtrlStats, QueueStats};
+use crate::stats::{CtrlStats, QueueSnapshot, QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
@@ -93,7 +93,8 @@ pub struct GuestPort {
     pub socket: PathBuf,
     pub queue_pairs: u16,
     pub config: NetConfig,
-    pub stats: Vec<QueueStats>,
+    /// Counts what the snoop querier sends to this guest (that thread's own tally).
+    query_tally: Arc<Tally>,
     pub ctrl_stats: CtrlStats,
     /// Control-path state (rx mode, tables, filter model): only the control queue and `ctl`
     /// touch it.
@@ -134,7 +135,7 @@ impl GuestPort {
             socket,
             queue_pairs,
             config,
-            stats: (0..queue_pairs).map(|_| QueueStats::default()).collect(),
+            query_tally: switch.tallies().register(),
             ctrl_stats: CtrlStats::default(),
             ctrl: Mutex::new(nic),
             regs,
@@ -200,6 +201,11 @@ impl GuestPort {
     /// CTRL_GUEST_OFFLOADS_SET accepted: the RX path follows it from the next frame.
     pub fn set_guest_offloads(&self, bits: u64) {
         self.guest_offloads.store(bits, Ordering::Relaxed);
+    }
+
+    /// Counters per queue pair, summed over every worker that counted for this port.
+    pub fn stats(&self) -> Vec<QueueSnapshot> {
+        self.switch.tallies().port(self.id)
     }
 
     pub fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, NicState> {
@@ -289,6 +295,7 @@ impl GuestPort {
         let mut frame = Vec::with_capacity(128);
         mcast_report::igmp_general_query(10, &mut frame);
         self.send(
+            &self.query_tally,
             0,
             &mut Packet {
                 hdr: Default::default(),
@@ -297,6 +304,7 @@ impl GuestPort {
         );
         mcast_report::mld_general_query(1000, &mut frame);
         self.send(
+            &self.query_tally,
             0,
             &mut Packet {
                 hdr: Default::default(),
@@ -335,15 +343,10 @@ impl GuestPort {
 }
 
 impl Egress for GuestPort {
-    fn queue_stats(&self, flow: usize) -> &QueueStats {
-        &self.stats[flow % self.stats.len()]
-    }
-
-    fn send(&self, flow: usize, pkt: &mut Packet<'_>) {
-        let pairs = self.stats.len();
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
         let guard = self.rx.load();
         let Some(rx) = guard.as_ref() else {
-            self.stats[flow % pairs].rx_dropped.inc();
+            tally.at(self.id, flow).rx_dropped.inc();
             return;
         };
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
@@ -354,7 +357,7 @@ impl Egress for GuestPort {
         if !queue_usable(&rx.vrings[q]) {
             q = 0;
         }
-        let stats = &self.stats[q];
+        let stats = tally.at(self.id, q);
         // The NIC's filter decides before anything is written into the guest.
         let dst = MacAddr::from_slice(pkt.frame).unwrap_or(MacAddr::BROADCAST);
         match self.regs.classify(&dst) {
@@ -370,12 +373,19 @@ impl Egress for GuestPort {
             }
         }
         let offloads = self.guest_offloads.load(Ordering::Relaxed);
+        let dest = Dest {
+            rx,
+            q,
+            offloads,
+            steered,
+            stats,
+        };
         if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
             // The guest cannot take this GSO frame whole: segment it here, once.
             gso::with_scratch(|buf| {
                 let res = gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
                     let mut h = *h;
-                    self.push_frame(rx, q, offloads, steered, &mut h, seg);
+                    self.push_frame(&dest, &mut h, seg);
                 });
                 match res {
                     Ok(_) => stats.rx_gso_segmented.inc(),
@@ -389,8 +399,19 @@ impl Egress for GuestPort {
             });
             return;
         }
-        self.push_frame(rx, q, offloads, steered, &mut pkt.hdr, pkt.frame);
+        self.push_frame(&dest, &mut pkt.hdr, pkt.frame);
     }
+}
+
+/// Where one frame for this guest goes: the RX path, the queue RSS chose, the receive
+/// offloads in force, the hash, and the counters (the delivering worker's).
+#[derive(Clone, Copy)]
+struct Dest<'a> {
+    rx: &'a RxPath,
+    q: usize,
+    offloads: u64,
+    steered: Option<Steered>,
+    stats: &'a QueueStats,
 }
 
 /// Whether a guest with these receive offloads takes a GSO frame of this type whole.
@@ -410,16 +431,14 @@ impl GuestPort {
     /// Writes one frame into RX queue `q`: completes a partial checksum the guest cannot
     /// take (in place, clearing NEEDS_CSUM in `hdr` so later destinations of a flooded
     /// frame see it complete), sets the header the guest may see, counts, signals.
-    fn push_frame(
-        &self,
-        rx: &RxPath,
-        q: usize,
-        offloads: u64,
-        steered: Option<Steered>,
-        hdr: &mut VirtioNetHdr,
-        frame: &mut [u8],
-    ) {
-        let stats = &self.stats[q];
+    fn push_frame(&self, d: &Dest<'_>, hdr: &mut VirtioNetHdr, frame: &mut [u8]) {
+        let Dest {
+            rx,
+            q,
+            offloads,
+            steered,
+            stats,
+        } = *d;
         let mem = rx.mem.memory();
         let vring = &rx.vrings[q];
         let mut state = vring.get_mut();
