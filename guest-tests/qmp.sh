@@ -26,8 +26,6 @@ wait_line /tmp/m2 VNIC-JOINED || exit 1
 echo "VNIC-PHASE2 $(mcast_snapshot eth0)"
 wait $m1 || exit 1
 wait $m2 || exit 1
-# The leave reports of both closed sockets leave within a tick; let them go first.
-sleep 1
 report_stats eth0
 GUEST
 
