@@ -427,6 +427,39 @@ mod tests {
             f
         }
 
+        /// One worker: its tally and its route cache, kept across the frames it forwards.
+        struct Worker<'a> {
+            sw: &'a Switch,
+            tally: Arc<Tally>,
+            routes: RouteCache,
+        }
+
+        impl<'a> Worker<'a> {
+            fn new(sw: &'a Switch) -> Self {
+                Worker {
+                    sw,
+                    tally: sw.tallies().register(),
+                    routes: RouteCache::default(),
+                }
+            }
+
+            fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
+                let mut from = Ingress {
+                    port,
+                    queue: 0,
+                    tally: &self.tally,
+                    routes: &mut self.routes,
+                };
+                self.sw.forward(
+                    &mut from,
+                    &mut Packet {
+                        hdr: VirtioNetHdr::default(),
+                        frame: &mut f,
+                    },
+                )
+            }
+        }
+
         fn last(s: &Sink) -> Vec<u8> {
             s.got.lock().unwrap().last().cloned().unwrap_or_default()
         }
@@ -434,23 +467,9 @@ mod tests {
         #[test]
         fn arp_then_route_with_a_per_queue_cache() {
             let (sw, sinks) = router();
-            let st = sw.tallies().register();
-            let mut routes = RouteCache::default();
-            let mut go = |port: usize, mut f: Vec<u8>| {
-                let mut from = Ingress {
-                    port,
-                    queue: 0,
-                    tally: &st,
-                    routes: &mut routes,
-                };
-                sw.forward(
-                    &mut from,
-                    &mut Packet {
-                        hdr: VirtioNetHdr::default(),
-                        frame: &mut f,
-                    },
-                )
-            };
+            let mut w = Worker::new(&sw);
+            let st = w.tally.clone();
+            let mut go = |port: usize, f: Vec<u8>| w.go(port, f);
             // A asks for its gateway: the router answers on port 0 and learns A.
             let mut req = Vec::new();
             let (a_ip, b_ip) = (Ipv4Addr::new(10, 1, 0, 2), Ipv4Addr::new(10, 2, 0, 2));
@@ -588,23 +607,9 @@ mod tests {
             );
             let sw = Switch::with_rules(Rules::with_router(2, Vec::new(), table));
             let sinks = plug(&sw);
-            let st = sw.tallies().register();
-            let mut routes = RouteCache::default();
-            let mut go = |port: usize, mut f: Vec<u8>| {
-                let mut from = Ingress {
-                    port,
-                    queue: 0,
-                    tally: &st,
-                    routes: &mut routes,
-                };
-                sw.forward(
-                    &mut from,
-                    &mut Packet {
-                        hdr: VirtioNetHdr::default(),
-                        frame: &mut f,
-                    },
-                )
-            };
+            let mut w = Worker::new(&sw);
+            let st = w.tally.clone();
+            let mut go = |port: usize, f: Vec<u8>| w.go(port, f);
             let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
             let (a_ip, b_ip) = (ip6("fd00:1::2"), ip6("fd00:2::2"));
             // A solicits its gateway: advertised back on port 0, and A is learned.
