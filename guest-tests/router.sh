@@ -2,8 +2,9 @@
 # Two guests on different subnets, one per port (net and device attachment), talk through
 # dpaa-vnic's router, over IPv4 and IPv6: each resolves its gateway (ARP, neighbour
 # discovery), they ping each other with no loss, traceroute shows the router as hop 1 (ICMP
-# time exceeded from it) and the peer as hop 2, and 300 counted UDP datagrams go each way. The daemon's per-queue route counters show
-# the cache at work: after the first packet to a destination, hits, not misses.
+# time exceeded from it) and the peer as hop 2, and 300 counted UDP datagrams go each way.
+# The daemon's per-queue route counters show the cache at work: after the first packet to
+# a destination, hits, not misses.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
