@@ -11,7 +11,7 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use thiserror::Error;
 
-use crate::wire::checksum::{fold, partial_sum};
+use crate::wire::checksum::write_checksum;
 use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::ip::{
     self, network_offset, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP,
@@ -277,17 +277,6 @@ fn upper_layer<'a>(
     Ok(&mut ip[hl..ipl])
 }
 
-/// Stores the inverted fold of `pseudo` plus the sum of `l4[..covered]` at `at`, with the
-/// field zeroed first. With `nonzero`, a result of 0 is sent as 0xFFFF (UDP's "no checksum").
-fn store_inet(l4: &mut [u8], at: usize, covered: usize, pseudo: u64, nonzero: bool) {
-    l4[at..at + 2].copy_from_slice(&[0, 0]);
-    let mut c = !fold(partial_sum(&l4[..covered], 0) + pseudo);
-    if nonzero && c == 0 {
-        c = 0xffff;
-    }
-    l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
-}
-
 /// SCTP's CRC32c over the whole packet with the field zeroed, stored in little-endian order
 /// (RFC 9260 appendix A).
 fn store_sctp(l4: &mut [u8]) {
@@ -299,7 +288,7 @@ fn store_sctp(l4: &mut [u8]) {
 /// UDP and UDP-Lite, both families. `Ok(false)` leaves the packet as it is: an IPv4 UDP
 /// checksum of 0 (none was sent), or a length field that disagrees with the IP length
 /// (act_csum passes such "obscure" packets untouched).
-fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo_no_len: u64) -> bool {
+fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo: u64) -> bool {
     let ul = usize::from(u16::from_be_bytes([l4[4], l4[5]]));
     let total = l4.len();
     let covered = if lite {
@@ -317,7 +306,7 @@ fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo_no_len: u64) -> bool {
         }
         ul
     };
-    store_inet(l4, 6, covered, pseudo_no_len + total as u64, true);
+    write_checksum(l4, 6, covered, pseudo, true);
     true
 }
 
@@ -338,7 +327,8 @@ pub fn update(frame: &mut [u8], targets: Targets, hdr: &VirtioNetHdr) -> Result<
 fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail> {
     let p = Ipv4Packet::new_checked(&*ip)?;
     let (hl, ipl, proto) = (p.header_len(), p.total_len(), p.protocol());
-    let pseudo = |ip: &[u8], proto: u8| partial_sum(&ip[12..20], 0) + u64::from(proto);
+    // The upper layer is `ipl - hl` bytes (`upper_layer` refuses the frame otherwise).
+    let ps = p.pseudo_sum(proto, ipl.saturating_sub(hl));
     let mut done = Done::default();
     let proto = if p.is_later_fragment() { None } else { Some(proto) };
     match proto {
@@ -351,7 +341,7 @@ fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
             if targets.has(t) {
                 let l4 = upper_layer(ip, "ICMP/IGMP header", hl, ipl, 4)?;
                 let n = l4.len();
-                store_inet(l4, 2, n, 0, false);
+                write_checksum(l4, 2, n, 0, false);
                 done = Done {
                     wrote: true,
                     l4_complete: true,
@@ -359,10 +349,9 @@ fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
             }
         }
         Some(PROTO_TCP) if targets.has(Targets::TCP) && gso != GSO_TCPV4 => {
-            let ps = pseudo(ip, PROTO_TCP);
             let l4 = upper_layer(ip, "TCP header", hl, ipl, 20)?;
             let n = l4.len();
-            store_inet(l4, 16, n, ps + n as u64, false);
+            write_checksum(l4, 16, n, ps, false);
             done = Done {
                 wrote: true,
                 l4_complete: true,
@@ -371,7 +360,6 @@ fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
         Some(pr @ (PROTO_UDP | PROTO_UDPLITE)) => {
             let lite = pr == PROTO_UDPLITE;
             if targets.has(if lite { Targets::UDPLITE } else { Targets::UDP }) {
-                let ps = pseudo(ip, pr);
                 let l4 = upper_layer(ip, "UDP header", hl, ipl, 8)?;
                 let wrote = udp(l4, lite, true, ps);
                 done = Done {
@@ -406,7 +394,7 @@ fn update_v6(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
     else {
         return Ok(Done::default());
     };
-    let ps = partial_sum(&ip[8..40], 0) + u64::from(proto);
+    let ps = p.pseudo_sum(proto, ipl.saturating_sub(hl));
     let complete = Done {
         wrote: true,
         l4_complete: true,
@@ -415,13 +403,13 @@ fn update_v6(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
         PROTO_ICMPV6 if targets.has(Targets::ICMP) => {
             let l4 = upper_layer(ip, "ICMPv6 header", hl, ipl, 4)?;
             let n = l4.len();
-            store_inet(l4, 2, n, ps + n as u64, false);
+            write_checksum(l4, 2, n, ps, false);
             Ok(complete)
         }
         PROTO_TCP if targets.has(Targets::TCP) && gso != GSO_TCPV6 => {
             let l4 = upper_layer(ip, "TCP header", hl, ipl, 20)?;
             let n = l4.len();
-            store_inet(l4, 16, n, ps + n as u64, false);
+            write_checksum(l4, 16, n, ps, false);
             Ok(complete)
         }
         PROTO_UDP | PROTO_UDPLITE

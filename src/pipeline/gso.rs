@@ -8,9 +8,9 @@
 
 use thiserror::Error;
 
-use crate::wire::checksum::{fold, partial_sum};
+use crate::wire::checksum::write_checksum;
 use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
-use crate::wire::ip::{network_offset, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_TCP, PROTO_UDP};
+use crate::wire::ip::{network_offset, Ipv4Packet, Ipv6Packet, Ipv6Upper, IPV6_LEN, PROTO_TCP, PROTO_UDP};
 use crate::wire::virtio_net_hdr::{GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4};
 use crate::wire::VirtioNetHdr;
 
@@ -147,22 +147,17 @@ pub fn segment(
         let ip_len = buf.len() - l.l3;
         let l4_len = buf.len() - l.l4;
         let ip = &mut buf[l.l3..];
-        if l.v4 {
+        let proto = if l.tcp { PROTO_TCP } else { PROTO_UDP };
+        let pseudo = if l.v4 {
             ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
             ip[4..6].copy_from_slice(&ip_id0.wrapping_add(i as u16).to_be_bytes());
-            ip[10..12].copy_from_slice(&[0, 0]);
-            let hl = l.l4 - l.l3;
-            let c = crate::wire::checksum::checksum(&ip[..hl]);
-            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let mut p = Ipv4Packet::new_checked(&mut *ip)?;
+            p.fill_checksum();
+            p.pseudo_sum(proto, l4_len)
         } else {
-            ip[4..6].copy_from_slice(&((ip_len - 40) as u16).to_be_bytes());
-        }
-        let pseudo = if l.v4 {
-            partial_sum(&ip[12..20], 0)
-        } else {
-            partial_sum(&ip[8..40], 0)
-        } + u64::from(if l.tcp { PROTO_TCP } else { PROTO_UDP })
-            + l4_len as u64;
+            ip[4..6].copy_from_slice(&((ip_len - IPV6_LEN) as u16).to_be_bytes());
+            Ipv6Packet::new_checked(&*ip)?.pseudo_sum(proto, l4_len)
+        };
         let l4 = &mut buf[l.l4..];
         let csum_at = if l.tcp {
             l4[4..8].copy_from_slice(&seq0.wrapping_add((i * mss) as u32).to_be_bytes());
@@ -177,12 +172,7 @@ pub fn segment(
             l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
             6
         };
-        l4[csum_at..csum_at + 2].copy_from_slice(&[0, 0]);
-        let mut c = !fold(partial_sum(l4, 0) + pseudo);
-        if !l.tcp && c == 0 {
-            c = 0xffff;
-        }
-        l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+        write_checksum(l4, csum_at, l4_len, pseudo, !l.tcp);
         emit(&seg_hdr, buf);
     }
     Ok(chunks)
@@ -191,7 +181,7 @@ pub fn segment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::checksum::checksum;
+    use crate::wire::checksum::{checksum, fold, partial_sum};
 
     /// A TCP/IPv4 GSO frame: 20-byte IP header, 20-byte TCP header, `len` payload bytes.
     fn tso4(len: usize, flags: u8) -> Vec<u8> {

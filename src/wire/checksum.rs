@@ -55,6 +55,26 @@ pub fn checksum(data: &[u8]) -> u16 {
     !fold(partial_sum(data, 0))
 }
 
+/// The pseudo-header's part of a TCP/UDP/ICMPv6 checksum (RFC 768, RFC 793, RFC 8200 8.1):
+/// source and destination address (4 or 16 bytes each), protocol, upper-layer length. Not
+/// folded: add the upper layer's `partial_sum` and fold.
+pub fn pseudo_sum(src: &[u8], dst: &[u8], proto: u8, len: usize) -> u64 {
+    partial_sum(src, 0) + partial_sum(dst, 0) + u64::from(proto) + len as u64
+}
+
+/// Writes the checksum of a header or message into its own field: zeroes the field at
+/// `at`, sums `buf[..covered]` with `pseudo` (a pseudo-header sum, or 0 for an IPv4 header,
+/// ICMP and IGMP), stores the inverted fold. With `zero_as_ffff`, a result of 0 is sent as
+/// 0xFFFF (UDP's 0 means "no checksum").
+pub fn write_checksum(buf: &mut [u8], at: usize, covered: usize, pseudo: u64, zero_as_ffff: bool) {
+    buf[at..at + 2].copy_from_slice(&[0, 0]);
+    let mut c = !fold(partial_sum(&buf[..covered], 0) + pseudo);
+    if zero_as_ffff && c == 0 {
+        c = 0xffff;
+    }
+    buf[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
 /// RFC 1624 equation 3: the checksum `hc` after one 16-bit word of the data it covers
 /// changes from `old` to `new`, without summing the rest again: HC' = ~(~HC + ~m + m').
 pub fn update16(hc: u16, old: u16, new: u16) -> u16 {

@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::checksum::checksum;
+use super::checksum::write_checksum;
 use super::ethernet::ETHERTYPE_IPV4;
 use super::ip::PROTO_ICMP;
 use super::MacAddr;
@@ -25,8 +25,7 @@ fn ipv4_header(out: &mut Vec<u8>, src: Ipv4Addr, dst: Ipv4Addr, payload_len: usi
     out.extend_from_slice(&[0, 0, 0, 0, 64, PROTO_ICMP, 0, 0]);
     out.extend_from_slice(&src.octets());
     out.extend_from_slice(&dst.octets());
-    let c = checksum(&out[start..start + 20]);
-    out[start + 10..start + 12].copy_from_slice(&c.to_be_bytes());
+    write_checksum(&mut out[start..], 10, 20, 0, false);
 }
 
 /// Writes into `out` an Ethernet frame carrying an ICMPv4 error of `kind`/`code` from `src`
@@ -49,8 +48,8 @@ pub fn error_v4(
     let icmp = out.len();
     out.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
     out.extend_from_slice(quote);
-    let c = checksum(&out[icmp..]);
-    out[icmp + 2..icmp + 4].copy_from_slice(&c.to_be_bytes());
+    let n = out.len() - icmp;
+    write_checksum(&mut out[icmp..], 2, n, 0, false);
 }
 
 /// Turns an Ethernet frame holding an ICMPv4 echo request (IPv4 header at `l3`, `hl` bytes,
@@ -66,19 +65,17 @@ pub fn echo_reply_v4(frame: &mut [u8], l3: usize, hl: usize, total: usize, route
     ip.copy_within(16..20, 12);
     ip[16..20].copy_from_slice(&a);
     ip[8] = 64;
-    ip[10..12].copy_from_slice(&[0, 0]);
-    let c = checksum(&ip[..hl]);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    write_checksum(ip, 10, hl, 0, false);
     let icmp = &mut ip[hl..];
     icmp[0] = ECHO_REPLY;
-    icmp[2..4].copy_from_slice(&[0, 0]);
-    let c = checksum(icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let n = icmp.len();
+    write_checksum(icmp, 2, n, 0, false);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::checksum::checksum;
     use crate::wire::ip::Ipv4Packet;
 
     #[test]

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use thiserror::Error;
 
-use super::checksum::partial_sum;
+use super::checksum;
 use super::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, HEADER_LEN};
 
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
@@ -130,21 +130,15 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     /// Pseudo-header sum for an upper-layer length `len` (RFC 793/768), not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        partial_sum(&b[12..20], 0) + u64::from(proto) + len as u64
+        checksum::pseudo_sum(&b[12..16], &b[16..20], proto, len)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
-    pub fn set_checksum(&mut self, v: u16) {
-        self.buf.as_mut()[10..12].copy_from_slice(&v.to_be_bytes());
-    }
-
     /// Recomputes the header checksum over IHL words.
     pub fn fill_checksum(&mut self) {
-        self.set_checksum(0);
         let hl = self.header_len();
-        let c = super::checksum::checksum(&self.buf.as_ref()[..hl]);
-        self.set_checksum(c);
+        checksum::write_checksum(self.buf.as_mut(), 10, hl, 0, false);
     }
 
     /// Decrements the TTL and patches the header checksum incrementally (RFC 1624, eqn. 3):
@@ -154,7 +148,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
         let old = u16::from_be_bytes([b[8], b[9]]);
         b[8] = b[8].wrapping_sub(1);
         let new = u16::from_be_bytes([b[8], b[9]]);
-        let c = super::checksum::update16(u16::from_be_bytes([b[10], b[11]]), old, new);
+        let c = checksum::update16(u16::from_be_bytes([b[10], b[11]]), old, new);
         b[10..12].copy_from_slice(&c.to_be_bytes());
     }
 }
@@ -216,7 +210,8 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 
     /// Pseudo-header sum (RFC 8200 8.1) for an upper-layer length `len`, not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
-        partial_sum(&self.buf.as_ref()[8..40], 0) + u64::from(proto) + len as u64
+        let b = self.buf.as_ref();
+        checksum::pseudo_sum(&b[8..24], &b[24..40], proto, len)
     }
 
     /// Walks hop-by-hop, routing and destination-options headers to the upper layer. A

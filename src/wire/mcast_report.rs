@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::checksum::{fold, partial_sum};
+use super::checksum::{fold, partial_sum, pseudo_sum, write_checksum};
 use super::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, HEADER_LEN};
 use super::MacAddr;
 
@@ -49,16 +49,6 @@ pub fn group_mac(group: &IpAddr) -> MacAddr {
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
-}
-
-/// The ICMPv6 pseudo-header's contribution to the checksum (RFC 8200, 8.1): source and
-/// destination address, upper-layer length, next header.
-pub(crate) fn icmpv6_pseudo_sum(src: &[u8], dst: &[u8], len: usize) -> u64 {
-    partial_sum(src, 0)
-        + partial_sum(dst, 0)
-        + (len as u64 >> 16)
-        + (len as u64 & 0xffff)
-        + u64::from(NEXT_ICMPV6)
 }
 
 fn kind(t: u8) -> Option<RecordKind> {
@@ -158,7 +148,7 @@ fn parse_mld(ip: &[u8]) -> Option<Vec<GroupRecord>> {
     if m.len() < 8 {
         return None;
     }
-    if fold(partial_sum(m, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], m.len())) != 0xffff {
+    if fold(partial_sum(m, 0) + pseudo_sum(&ip[8..24], &ip[24..40], NEXT_ICMPV6, m.len())) != 0xffff {
         return None;
     }
     let v6 = |b: &[u8], at: usize| -> Option<IpAddr> {
@@ -366,8 +356,8 @@ pub fn mld_general_query(max_resp_ms: u16, out: &mut Vec<u8>) {
     q[4..6].copy_from_slice(&max_resp_ms.min(32767).to_be_bytes());
     q[24] = 2; // S/QRV
     q[25] = 125; // QQIC
-    let c = !fold(partial_sum(&q, 0) + icmpv6_pseudo_sum(&QUERIER_V6, &dst, q.len()));
-    q[2..4].copy_from_slice(&c.to_be_bytes());
+    let pseudo = pseudo_sum(&QUERIER_V6, &dst, NEXT_ICMPV6, q.len());
+    write_checksum(&mut q, 2, 28, pseudo, false);
     let hbh = [NEXT_ICMPV6, 0, 5, 2, 0, 0, 1, 0];
     out.extend_from_slice(&[0x60, 0, 0, 0]);
     out.extend_from_slice(&((hbh.len() + q.len()) as u16).to_be_bytes());
@@ -405,7 +395,7 @@ mod query_tests {
         let ip = &f[14..];
         let m = &ip[48..];
         assert_eq!(
-            fold(partial_sum(m, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], m.len())),
+            fold(partial_sum(m, 0) + pseudo_sum(&ip[8..24], &ip[24..40], NEXT_ICMPV6, m.len())),
             0xffff
         );
         assert_eq!((m[0], u16::from_be_bytes([m[4], m[5]])), (130, 1000));

@@ -4,10 +4,9 @@
 
 use std::net::Ipv6Addr;
 
-use super::checksum::{fold, partial_sum};
+use super::checksum::{pseudo_sum, write_checksum};
 use super::ethernet::ETHERTYPE_IPV6;
 use super::ip::PROTO_ICMPV6;
-use super::mcast_report::icmpv6_pseudo_sum;
 use super::MacAddr;
 
 pub const ECHO_REQUEST: u8 = 128;
@@ -99,9 +98,11 @@ fn header(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, dst: &Ipv
 /// Fills the ICMPv6 checksum of a frame built by `header` + message.
 fn finish(out: &mut [u8]) {
     let (ip, icmp) = out[14..].split_at_mut(40);
-    icmp[2..4].copy_from_slice(&[0, 0]);
-    let c = !fold(partial_sum(icmp, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], icmp.len()));
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let (n, pseudo) = (
+        icmp.len(),
+        pseudo_sum(&ip[8..24], &ip[24..40], PROTO_ICMPV6, icmp.len()),
+    );
+    write_checksum(icmp, 2, n, pseudo, false);
 }
 
 /// A solicited neighbour advertisement from the router: `target` is at `mac`.
@@ -166,10 +167,11 @@ pub fn echo_reply(frame: &mut [u8], router_mac: MacAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::checksum::{fold, partial_sum};
 
     fn verifies(f: &[u8]) -> bool {
         let (ip, icmp) = f[14..].split_at(40);
-        fold(partial_sum(icmp, 0) + icmpv6_pseudo_sum(&ip[8..24], &ip[24..40], icmp.len())) == 0xffff
+        fold(partial_sum(icmp, 0) + pseudo_sum(&ip[8..24], &ip[24..40], PROTO_ICMPV6, icmp.len())) == 0xffff
     }
 
     #[test]
