@@ -33,13 +33,9 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this thread's segment buffer (a fresh one if it is already in use, which
-/// only a re-entrant call could cause).
+/// Runs `f` with this thread's segment buffer.
 pub fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut b) => f(&mut b),
-        Err(_) => f(&mut Vec::new()),
-    })
+    super::with_buffer(&SCRATCH, f)
 }
 
 const TCP_FIN: u8 = 0x01;

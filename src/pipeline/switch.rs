@@ -237,21 +237,7 @@ impl Switch {
             }
             return;
         }
-        EGRESS_COPY.with(|cell| {
-            let mut owned;
-            let mut borrowed;
-            // Re-entry cannot happen today (no egress forwards); if it ever does, allocate
-            // rather than panic.
-            let buf: &mut Vec<u8> = match cell.try_borrow_mut() {
-                Ok(b) => {
-                    borrowed = b;
-                    &mut borrowed
-                }
-                Err(_) => {
-                    owned = Vec::new();
-                    &mut owned
-                }
-            };
+        super::with_buffer(&EGRESS_COPY, |buf| {
             buf.clear();
             buf.extend_from_slice(pkt.frame);
             let mut copy = Packet {
