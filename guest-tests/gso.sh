@@ -17,8 +17,7 @@ BYTES=$((4 << 20))
 make_initrd a <<GUEST
 wait_carrier eth0 || exit 1
 ip addr add 10.66.0.2/24 dev eth0
-i=0
-until ping -c 1 -W 1 10.66.0.3 >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -gt 90 ] && exit 1; done
+retry 90 ping -c 1 -W 1 10.66.0.3 || exit 1
 ping -c 1 -W 2 10.66.0.1 >/dev/null || exit 1
 vnic-udp recv 5801 1 120 || exit 1
 vnic-tcp send 10.66.0.3 5901 $BYTES || exit 1

@@ -7,23 +7,15 @@ source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
 
 N=300
-# guest_script SELF PEER: receive from the peer in the background before the link is up (so
-# nothing the peer sends can arrive before the socket exists), reach the peer, send to it.
+# guest_script SELF PEER: listen for the peer, reach it, exchange N datagrams each way.
 guest_script() {
     cat <<GUEST
-vnic-udp recv 5003 $N 120 >/tmp/recv.txt & rp=\$!
-vnic-udp recv 5004 1 180 >/tmp/done.txt & dp=\$!
+peer_listen $N
 wait_carrier eth0 || exit 1
 ip addr add 10.88.0.$1/24 dev eth0
-i=0
-until ping -c 1 -W 1 10.88.0.$2 >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -gt 90 ] && exit 1; done
+retry 90 ping -c 1 -W 1 10.88.0.$2 || exit 1
 ping -c 5 -W 2 10.88.0.$2 | tail -2
-vnic-udp send 10.88.0.$2 5003 $N 200 1000 || exit 1
-wait \$rp; r=\$?; cat /tmp/recv.txt; [ \$r = 0 ] || exit 1
-# Tell the peer we are done, and wait for its word, so neither reads its counters while
-# the other still sends.
-vnic-udp send 10.88.0.$2 5004 1 64 || exit 1
-wait \$dp || exit 1
+peer_exchange 10.88.0.$2 $N || exit 1
 report_stats eth0
 GUEST
 }

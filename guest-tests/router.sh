@@ -13,36 +13,30 @@ N=300
 # guest_script SELF_NET PEER_NET
 guest_script() {
     cat <<GUEST
-vnic-udp recv 5003 $N 120 >/tmp/recv.txt & rp=\$!
-vnic-udp recv 5004 1 180 >/tmp/done.txt & dp=\$!
+# routed PING TRACEROUTE GATEWAY PEER: PEER answers (retried), then 5 pings with no loss,
+# and TRACEROUTE shows GATEWAY as hop 1 and PEER as hop 2.
+routed() {
+    retry 90 \$1 -c 1 -W 1 \$4 || return 1
+    \$1 -c 5 -W 2 \$4 >/tmp/ping.txt; cat /tmp/ping.txt
+    grep -q " 0% packet loss" /tmp/ping.txt || return 1
+    \$2 -n -q 1 -w 3 -m 3 \$4 >/tmp/tr.txt 2>&1; cat /tmp/tr.txt
+    awk -v gw=\$3 -v peer=\$4 '\$1 == 1 && \$2 == gw {a = 1} \$1 == 2 && \$2 == peer {b = 1} END {exit !(a && b)}' /tmp/tr.txt
+}
+peer_listen $N
 wait_carrier eth0 || exit 1
 ip addr add 10.$1.0.2/24 dev eth0
 ip route add default via 10.$1.0.1
-i=0
-until ping -c 1 -W 1 10.$1.0.1 >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -gt 30 ] && exit 1; done
+retry 30 ping -c 1 -W 1 10.$1.0.1 || exit 1
 echo "gateway 10.$1.0.1 answers"
-i=0
-until ping -c 1 -W 1 10.$2.0.2 >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -gt 90 ] && exit 1; done
-ping -c 5 -W 2 10.$2.0.2 >/tmp/ping.txt; cat /tmp/ping.txt
-grep -q " 0% packet loss" /tmp/ping.txt || exit 1
-traceroute -n -q 1 -w 3 -m 3 10.$2.0.2 >/tmp/tr.txt 2>&1; cat /tmp/tr.txt
-awk '\$1 == 1 && \$2 == "10.$1.0.1" {a = 1} \$1 == 2 && \$2 == "10.$2.0.2" {b = 1} END {exit !(a && b)}' /tmp/tr.txt || exit 1
+routed ping traceroute 10.$1.0.1 10.$2.0.2 || exit 1
 # IPv6: neighbour discovery instead of ARP, hop limit instead of TTL.
 # No duplicate address detection: the addresses are usable at once (busybox ip has no nodad).
 echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad
 echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6
 ip -6 addr add fd00:$1::2/64 dev eth0
 ip -6 route add default via fd00:$1::1
-i=0
-until ping6 -c 1 -W 1 fd00:$2::2 >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -gt 90 ] && exit 1; done
-ping6 -c 5 -W 2 fd00:$2::2 >/tmp/ping6.txt; cat /tmp/ping6.txt
-grep -q " 0% packet loss" /tmp/ping6.txt || exit 1
-traceroute6 -n -q 1 -w 3 -m 3 fd00:$2::2 >/tmp/tr6.txt 2>&1; cat /tmp/tr6.txt
-awk '\$1 == 1 && \$2 == "fd00:$1::1" {a = 1} \$1 == 2 && \$2 == "fd00:$2::2" {b = 1} END {exit !(a && b)}' /tmp/tr6.txt || exit 1
-vnic-udp send 10.$2.0.2 5003 $N 200 1000 || exit 1
-wait \$rp; r=\$?; cat /tmp/recv.txt; [ \$r = 0 ] || exit 1
-vnic-udp send 10.$2.0.2 5004 1 64 || exit 1
-wait \$dp || exit 1
+routed ping6 traceroute6 fd00:$1::1 fd00:$2::2 || exit 1
+peer_exchange 10.$2.0.2 $N || exit 1
 report_stats eth0
 GUEST
 }
