@@ -349,6 +349,15 @@ impl Egress for GuestPort {
             tally.at(self.id, flow).rx_dropped.inc();
             return;
         };
+        // The MAC's filter decides first, as on the NIC, where it precedes the parser and
+        // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
+        // queue of the flow it came with.
+        let dst = MacAddr::from_slice(pkt.frame).unwrap_or(MacAddr::BROADCAST);
+        let verdict = self.regs.classify(&dst);
+        if verdict == Verdict::Reject {
+            tally.at(self.id, flow).rx_filtered.inc();
+            return;
+        }
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
         // there is one queue and nobody wants the hash reported.
         let hash_report = rx.feat.hash_report();
@@ -358,19 +367,13 @@ impl Egress for GuestPort {
             q = 0;
         }
         let stats = tally.at(self.id, q);
-        // The NIC's filter decides before anything is written into the guest.
-        let dst = MacAddr::from_slice(pkt.frame).unwrap_or(MacAddr::BROADCAST);
-        match self.regs.classify(&dst) {
-            Verdict::Reject => {
-                stats.rx_filtered.inc();
-                return;
-            }
-            Verdict::Accept => {}
+        match verdict {
             Verdict::Multicast => stats.rx_mcast_accepted.inc(),
             Verdict::FalsePositive => {
                 stats.rx_mcast_accepted.inc();
                 stats.rx_hash_false_positive.inc();
             }
+            Verdict::Accept | Verdict::Reject => {}
         }
         let offloads = self.guest_offloads.load(Ordering::Relaxed);
         let dest = Dest {
