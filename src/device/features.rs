@@ -76,10 +76,6 @@ impl Negotiated {
         self.has(VIRTIO_NET_F_MRG_RXBUF)
     }
 
-    pub fn guest_csum(&self) -> bool {
-        self.has(VIRTIO_NET_F_GUEST_CSUM)
-    }
-
     /// A driver that acked CTRL_VQ talks to us through a control queue: only the device
     /// attachment passes that bit through.
     pub fn ctrl_vq(&self) -> bool {
