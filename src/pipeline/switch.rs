@@ -283,21 +283,37 @@ mod tests {
         sinks
     }
 
-    fn send(sw: &Switch, port: usize, tally: &Tally, mut f: Vec<u8>) -> Forwarded {
-        let mut routes = RouteCache::default();
-        let mut from = Ingress {
-            port,
-            queue: 0,
-            tally,
-            routes: &mut routes,
-        };
-        sw.forward(
-            &mut from,
-            &mut Packet {
-                hdr: VirtioNetHdr::default(),
-                frame: &mut f,
-            },
-        )
+    /// One worker: its tally and its route cache, kept across the frames it forwards.
+    struct Worker<'a> {
+        sw: &'a Switch,
+        tally: Arc<Tally>,
+        routes: RouteCache,
+    }
+
+    impl<'a> Worker<'a> {
+        fn new(sw: &'a Switch) -> Self {
+            Worker {
+                sw,
+                tally: sw.tallies().register(),
+                routes: RouteCache::default(),
+            }
+        }
+
+        fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
+            let mut from = Ingress {
+                port,
+                queue: 0,
+                tally: &self.tally,
+                routes: &mut self.routes,
+            };
+            self.sw.forward(
+                &mut from,
+                &mut Packet {
+                    hdr: VirtioNetHdr::default(),
+                    frame: &mut f,
+                },
+            )
+        }
     }
 
     fn counts(sinks: &[Arc<Sink>]) -> Vec<usize> {
@@ -308,25 +324,19 @@ mod tests {
     fn learns_then_unicasts_and_floods_the_rest() {
         let sw = Switch::new(3);
         let sinks = plug(&sw);
-        let st = sw.tallies().register();
+        let mut w = Worker::new(&sw);
         let a = "02:00:00:00:00:0a";
         let b = "02:00:00:00:00:0b";
         // Unknown destination: flooded to ports 1 and 2, never back to 0.
-        assert_eq!(send(&sw, 0, &st, frame(b, a)), Forwarded::Flooded);
+        assert_eq!(w.go(0, frame(b, a)), Forwarded::Flooded);
         assert_eq!(counts(&sinks), vec![0, 1, 1]);
         // b answers from port 2: a is known on 0, so only port 0 gets it.
-        assert_eq!(send(&sw, 2, &st, frame(a, b)), Forwarded::Unicast(0));
+        assert_eq!(w.go(2, frame(a, b)), Forwarded::Unicast(0));
         assert_eq!(counts(&sinks), vec![1, 1, 1]);
         // Broadcast floods; a frame for a station on its own port is dropped; so is a runt.
-        assert_eq!(
-            send(&sw, 0, &st, frame("ff:ff:ff:ff:ff:ff", a)),
-            Forwarded::Flooded
-        );
-        assert_eq!(
-            send(&sw, 0, &st, frame(a, "02:00:00:00:00:0c")),
-            Forwarded::Dropped
-        );
-        assert_eq!(send(&sw, 0, &st, vec![0u8; 5]), Forwarded::Dropped);
+        assert_eq!(w.go(0, frame("ff:ff:ff:ff:ff:ff", a)), Forwarded::Flooded);
+        assert_eq!(w.go(0, frame(a, "02:00:00:00:00:0c")), Forwarded::Dropped);
+        assert_eq!(w.go(0, vec![0u8; 5]), Forwarded::Dropped);
     }
 
     /// A broadcast UDP frame whose IPv4 header checksum is wrong.
@@ -345,8 +355,8 @@ mod tests {
         let rules = Rules::new(3, vec!["port=1,dir=egress,update=iph".parse().unwrap()]);
         let sw = Switch::with_rules(rules);
         let sinks = plug(&sw);
-        let st = sw.tallies().register();
-        assert_eq!(send(&sw, 0, &st, bad_iph_frame()), Forwarded::Flooded);
+        let mut w = Worker::new(&sw);
+        assert_eq!(w.go(0, bad_iph_frame()), Forwarded::Flooded);
         let fixed = &sinks[1].got.lock().unwrap()[0];
         assert_eq!(crate::wire::checksum::checksum(&fixed[14..34]), 0);
         assert_eq!(&sinks[2].got.lock().unwrap()[0], &bad_iph_frame());
@@ -359,11 +369,11 @@ mod tests {
     fn ingress_action_failure_drops_and_counts_and_rules_change_live() {
         let sw = Switch::new(2);
         let sinks = plug(&sw);
-        let st = sw.tallies().register();
+        let mut w = Worker::new(&sw);
         let mut lying = bad_iph_frame();
         lying[16..18].copy_from_slice(&900u16.to_be_bytes());
         // No actions: the lying frame goes through untouched.
-        assert_eq!(send(&sw, 0, &st, lying.clone()), Forwarded::Flooded);
+        assert_eq!(w.go(0, lying.clone()), Forwarded::Flooded);
         sw.rules()
             .update(|r| {
                 r.actions
@@ -371,10 +381,11 @@ mod tests {
                 Ok::<_, ()>(())
             })
             .unwrap();
-        assert_eq!(send(&sw, 0, &st, lying), Forwarded::Dropped);
+        assert_eq!(w.go(0, lying), Forwarded::Dropped);
+        let st = w.tally.clone();
         let c = st.at(0, 0);
         assert_eq!((c.csum_failed.get(), c.csum_updated.get()), (1, 0));
-        assert_eq!(send(&sw, 0, &st, bad_iph_frame()), Forwarded::Flooded);
+        assert_eq!(w.go(0, bad_iph_frame()), Forwarded::Flooded);
         assert_eq!(c.csum_updated.get(), 1);
         assert_eq!(counts(&sinks), vec![0, 2]);
     }
@@ -411,39 +422,6 @@ mod tests {
             f.extend_from_slice(&ip);
             f.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 12, 0, 0, b'p', b'i', b'n', b'g']);
             f
-        }
-
-        /// One worker: its tally and its route cache, kept across the frames it forwards.
-        struct Worker<'a> {
-            sw: &'a Switch,
-            tally: Arc<Tally>,
-            routes: RouteCache,
-        }
-
-        impl<'a> Worker<'a> {
-            fn new(sw: &'a Switch) -> Self {
-                Worker {
-                    sw,
-                    tally: sw.tallies().register(),
-                    routes: RouteCache::default(),
-                }
-            }
-
-            fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
-                let mut from = Ingress {
-                    port,
-                    queue: 0,
-                    tally: &self.tally,
-                    routes: &mut self.routes,
-                };
-                self.sw.forward(
-                    &mut from,
-                    &mut Packet {
-                        hdr: VirtioNetHdr::default(),
-                        frame: &mut f,
-                    },
-                )
-            }
         }
 
         fn last(s: &Sink) -> Vec<u8> {
