@@ -165,6 +165,9 @@ pub struct CtrlStats {
     /// Nanoseconds from popping a command to returning it with its ack (parse, apply,
     /// filter sync): the daemon's share of the time a guest waits on its control queue.
     pub ctrl_busy_ns: Counter,
+    /// Times the control thread was woken by a kick and found work: commands that arrived
+    /// while it was not polling. Each one cost the guest a notification and a wake-up.
+    pub ctrl_wakeups: Counter,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -172,6 +175,7 @@ pub struct CtrlSnapshot {
     pub ctrl_commands: u64,
     pub ctrl_errors: u64,
     pub ctrl_busy_ns: u64,
+    pub ctrl_wakeups: u64,
 }
 
 impl CtrlStats {
@@ -180,6 +184,7 @@ impl CtrlStats {
             ctrl_commands: self.ctrl_commands.get(),
             ctrl_errors: self.ctrl_errors.get(),
             ctrl_busy_ns: self.ctrl_busy_ns.get(),
+            ctrl_wakeups: self.ctrl_wakeups.get(),
         }
     }
 }

@@ -51,14 +51,7 @@ pub fn render(stats: &StatsView) -> String {
                 push(name, format!("{port},queue=\"{}\"", q.queue), v);
             }
         }
-        for (name, v) in [
-            ("ctrl_commands", p.ctrl_commands),
-            ("ctrl_errors", p.ctrl_errors),
-            ("ctrl_busy_ns", p.ctrl_busy_ns),
-        ] {
-            push(name.to_string(), port.clone(), v);
-        }
-        for (name, v) in fields(&p.filter) {
+        for (name, v) in fields(&p.ctrl).into_iter().chain(fields(&p.filter)) {
             push(name, port.clone(), v);
         }
     }
@@ -104,7 +97,7 @@ mod tests {
     use super::*;
     use crate::control::view::{PortStats, QueueView};
     use crate::device::filter::model::FilterStats;
-    use crate::stats::QueueSnapshot;
+    use crate::stats::{CtrlSnapshot, QueueSnapshot};
 
     #[test]
     fn text_format_groups_series_under_one_type_line() {
@@ -124,9 +117,11 @@ mod tests {
                 attachment: Some("net"),
                 queues: vec![q(0, 5), q(1, 7)],
                 totals: QueueSnapshot::default(),
-                ctrl_commands: 3,
-                ctrl_errors: 0,
-                ctrl_busy_ns: 10,
+                ctrl: CtrlSnapshot {
+                    ctrl_commands: 3,
+                    ctrl_busy_ns: 10,
+                    ..Default::default()
+                },
                 filter: FilterStats {
                     filter_syncs: 2,
                     ..Default::default()

@@ -9,7 +9,7 @@ use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
-use crate::stats::QueueSnapshot;
+use crate::stats::{CtrlSnapshot, QueueSnapshot};
 use crate::wire::MacAddr;
 
 /// A port as the control socket sees it.
@@ -35,9 +35,8 @@ pub struct PortStats {
     pub attachment: Option<&'static str>,
     pub queues: Vec<QueueView>,
     pub totals: QueueSnapshot,
-    pub ctrl_commands: u64,
-    pub ctrl_errors: u64,
-    pub ctrl_busy_ns: u64,
+    #[serde(flatten)]
+    pub ctrl: CtrlSnapshot,
     #[serde(flatten)]
     pub filter: FilterStats,
 }
@@ -72,7 +71,6 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
         let ps = match p {
             PortRef::Guest(g) => {
                 let (queues, totals) = queues(g.stats());
-                let c = g.ctrl_stats.snapshot();
                 let filter = g.lock_ctrl().filter.stats();
                 PortStats {
                     id: g.id,
@@ -82,9 +80,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     attachment: g.attachment(),
                     queues,
                     totals,
-                    ctrl_commands: c.ctrl_commands,
-                    ctrl_errors: c.ctrl_errors,
-                    ctrl_busy_ns: c.ctrl_busy_ns,
+                    ctrl: g.ctrl_stats.snapshot(),
                     filter,
                 }
             }
@@ -98,15 +94,13 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     attachment: None,
                     queues,
                     totals,
-                    ctrl_commands: 0,
-                    ctrl_errors: 0,
-                    ctrl_busy_ns: 0,
+                    ctrl: CtrlSnapshot::default(),
                     filter: FilterStats::default(),
                 }
             }
         };
         view.totals += ps.totals;
-        view.ctrl_commands += ps.ctrl_commands;
+        view.ctrl_commands += ps.ctrl.ctrl_commands;
         view.ports.push(ps);
     }
     view

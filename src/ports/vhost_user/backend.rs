@@ -228,12 +228,17 @@ impl VnicBackend {
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
         let buf = &mut worker.buf;
         let window = self.0.port.ctrl_poll;
+        let mut woken = true;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
             let mut served = false;
             while self.ctrl_one(vring, &feat, &mem, buf)? {
+                if !served && woken {
+                    self.0.port.ctrl_stats.ctrl_wakeups.inc();
+                }
                 served = true;
             }
+            woken = false;
             if served && self.wants_interrupt(vring)? {
                 vring.signal_used_queue()?;
             }
