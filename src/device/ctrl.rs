@@ -7,6 +7,8 @@ use virtio_bindings::virtio_net::*;
 use super::features::Negotiated;
 use super::rss::{RssConfig, RssError};
 use super::rx_state::RxState;
+use zerocopy::FromBytes;
+
 use crate::wire::MacAddr;
 
 /// Ack byte values.
@@ -35,6 +37,8 @@ pub enum CtrlError {
     },
     #[error("MAC table: {0}")]
     BadTable(&'static str),
+    #[error("MAC table of {entries} entries overruns the {left} bytes left in the command")]
+    TableOverrun { entries: usize, left: usize },
     #[error("class {class} command {cmd} needs a feature the driver did not negotiate")]
     NotNegotiated { class: u8, cmd: u8 },
     #[error("unknown class {class} command {cmd}")]
@@ -189,28 +193,28 @@ impl CtrlState {
     }
 }
 
-/// One `le32 entries; u8 macs[entries][6]` table: its entry bytes and the bytes after it.
-fn split_table(b: &[u8]) -> Result<(&[u8], &[u8]), CtrlError> {
+/// One `le32 entries; u8 macs[entries][6]` table, read in place: its addresses and the bytes
+/// after it.
+fn split_table(b: &[u8]) -> Result<(&[MacAddr], &[u8]), CtrlError> {
     let (count, rest) = b
         .split_first_chunk::<4>()
         .ok_or(CtrlError::BadTable("truncated entry count"))?;
     let n = u32::from_le_bytes(*count) as usize;
-    // Check against the buffer before using it: the count is guest-controlled.
-    let bytes = n
-        .checked_mul(6)
-        .filter(|b| *b <= rest.len())
-        .ok_or(CtrlError::BadTable("entry count overruns the buffer"))?;
-    Ok(rest.split_at(bytes))
+    // zerocopy checks the guest-controlled count against the buffer (overflow included).
+    // Its only possible failure is a size error, which says no more than these two numbers.
+    match <[MacAddr]>::ref_from_prefix_with_elems(rest, n) {
+        Ok(split) => Ok(split),
+        Err(_) => Err(CtrlError::TableOverrun {
+            entries: n,
+            left: rest.len(),
+        }),
+    }
 }
 
-/// Replaces `table` with the entries in `bytes` (a multiple of 6), reusing its allocation.
-fn fill_table(table: &mut Vec<MacAddr>, bytes: &[u8]) {
+/// Replaces `table` with `macs`, reusing its allocation: one copy of the wire bytes.
+fn fill_table(table: &mut Vec<MacAddr>, macs: &[MacAddr]) {
     table.clear();
-    table.extend(bytes.chunks_exact(6).map(|c| {
-        let mut a = [0u8; 6];
-        a.copy_from_slice(c);
-        MacAddr(a)
-    }));
+    table.extend_from_slice(macs);
 }
 
 #[cfg(test)]

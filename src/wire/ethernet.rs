@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use thiserror::Error;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// Length of an Ethernet header without VLAN tags.
 pub const HEADER_LEN: usize = 14;
@@ -29,15 +30,29 @@ pub enum EthernetError {
 }
 
 /// A 48-bit IEEE MAC address, octet 0 first on the wire.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+// zerocopy checks at compile time that a list of addresses is exactly its wire bytes, so
+// a control command's table is read in place.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
 #[repr(transparent)]
 pub struct MacAddr(pub [u8; 6]);
 
 /// A list of addresses as its wire bytes, six per address, without copying.
 pub fn mac_bytes(list: &[MacAddr]) -> &[u8] {
-    // SAFETY: MacAddr is repr(transparent) over [u8; 6] (size 6, alignment 1, no padding), so
-    // `list` is 6 * len initialised bytes at the same address, borrowed for the same lifetime.
-    unsafe { std::slice::from_raw_parts(list.as_ptr().cast::<u8>(), list.len() * 6) }
+    list.as_bytes()
 }
 
 impl MacAddr {

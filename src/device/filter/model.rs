@@ -246,13 +246,22 @@ fn sync_list(
     prev.extend_from_slice(next);
 }
 
-/// Bytes `a` and `b` share at the start: equal 64-byte blocks are compared as slices
-/// (memcmp), only the first unequal block byte by byte.
+/// Compare steps, coarse to fine: a whole list that matches costs one memcmp (the join and
+/// leave storms' common case), a difference is narrowed down 4 KiB, then 64 bytes at a time,
+/// and only the last block is compared byte by byte. One memcmp per 64-byte block across a
+/// 6 KB list cost more than the rest of the sync together.
+fn steps(n: usize) -> [usize; 3] {
+    [n, 4096, 64]
+}
+
+/// Bytes `a` and `b` share at the start.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let mut i = 0;
-    while i + 64 <= n && a[i..i + 64] == b[i..i + 64] {
-        i += 64;
+    for step in steps(n) {
+        while step > 0 && i + step <= n && a[i..i + step] == b[i..i + step] {
+            i += step;
+        }
     }
     i + a[i..n].iter().zip(&b[i..n]).take_while(|(x, y)| x == y).count()
 }
@@ -262,8 +271,10 @@ fn common_suffix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
     let mut i = 0;
-    while i + 64 <= n && a[n - i - 64..n - i] == b[n - i - 64..n - i] {
-        i += 64;
+    for step in steps(n) {
+        while step > 0 && i + step <= n && a[n - i - step..n - i] == b[n - i - step..n - i] {
+            i += step;
+        }
     }
     i + a[..n - i]
         .iter()
@@ -333,6 +344,27 @@ mod tests {
         assert_eq!(common_prefix(&a, &a[..70]), 70);
         assert_eq!(common_suffix(&a, &a[150..]), 50);
         assert_eq!((common_prefix(&[], &a), common_suffix(&a, &[])), (0, 0));
+    }
+
+    proptest! {
+        // Every step size (whole list, 4 KiB, 64 bytes, bytes) against the definition, with
+        // the difference anywhere in lists up to 10 000 bytes.
+        #[test]
+        fn prefix_and_suffix_match_the_definition(
+            len in 0usize..10_000,
+            cut in 0usize..10_000,
+            at in proptest::option::of(0usize..10_000),
+        ) {
+            let a: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let mut b = a[..cut.min(len)].to_vec();
+            if let Some(at) = at.filter(|at| *at < b.len()) {
+                b[at] ^= 0x80;
+            }
+            let pre = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            let suf = a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(common_prefix(&a, &b), pre);
+            prop_assert_eq!(common_suffix(&a, &b), suf);
+        }
     }
 
     #[test]
