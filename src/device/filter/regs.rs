@@ -301,7 +301,8 @@ mod tests {
             r.insert(m);
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (r2, stop2, keep2) = (r.clone(), stop.clone(), keep.clone());
+        let started = Arc::new(AtomicBool::new(false));
+        let (r2, stop2, keep2, started2) = (r.clone(), stop.clone(), keep.clone(), started.clone());
         let reader = std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop2.load(Ordering::Relaxed) {
@@ -309,9 +310,16 @@ mod tests {
                     assert!(r2.contains(m), "lost {m}");
                     n += 1;
                 }
+                started2.store(true, Ordering::Relaxed);
             }
             n
         });
+        // On a loaded machine the reader may not run before the churn is over: wait for it
+        // (bounded), so the reads really overlap the writes.
+        let t0 = std::time::Instant::now();
+        while !started.load(Ordering::Relaxed) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
         // Churn entries that share probe runs with the kept ones.
         for round in 0..200u64 {
             let churn: Vec<MacAddr> = (0..256u64)
