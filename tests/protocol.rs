@@ -109,6 +109,11 @@ impl Guest {
     }
 
     fn connect(path: &Path, features: u64) -> Guest {
+        Guest::connect_enabling(path, features, &[0, 1, 2])
+    }
+
+    /// Sets up all three rings as QEMU does, but enables only `enabled`.
+    fn connect_enabling(path: &Path, features: u64, enabled: &[usize]) -> Guest {
         let mut fe = Frontend::connect(path, 3).unwrap();
         fe.set_owner().unwrap();
         let offered = fe.get_features().unwrap();
@@ -162,7 +167,7 @@ impl Guest {
             g.call.push(call);
         }
         g.fe.set_features(features).unwrap();
-        for i in 0..3 {
+        for &i in enabled {
             g.fe.set_vring_enable(i, true).unwrap();
         }
         g
@@ -411,6 +416,47 @@ fn control_queue_applies_and_acks_commands() {
     assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
     let c = r.port.ctrl_stats.snapshot();
     assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
+}
+
+/// vhost-user has no DRIVER_OK the backend can see (neither crate handles SET_STATUS, and
+/// QEMU's generic device never reports it): the frontend starts and enables the rings once
+/// the driver has set DRIVER_OK, so a ring that is not enabled is a device the driver has
+/// not started. A command posted there is left alone (not read, not acked, not counted)
+/// until the ring is enabled, then served as usual.
+#[test]
+fn control_ring_is_not_served_before_the_frontend_enables_it() {
+    let r = rig();
+    let Guest {
+        mut fe, mem, kick, ..
+    } = Guest::connect_enabling(
+        &r.path,
+        VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES,
+        &[0, 1],
+    );
+    let ctlq = MockSplitQueue::create(&mem, GuestAddress(QBASE[2]), QSIZE);
+    let base = 0x12_0000;
+    mem.write_slice(&[0u8, 0, 0], GuestAddress(base)).unwrap(); // PROMISC off
+    mem.write_obj(0xffu8, GuestAddress(base + 0x800)).unwrap();
+    ctlq.add_desc_chains(&[d(base, 3, F_NEXT, 1), d(base + 0x800, 1, F_WRITE, 0)], 0)
+        .unwrap();
+    kick[2].write(1).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        ctlq.used().idx().load(),
+        0,
+        "served on a ring that was not enabled"
+    );
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0xff);
+    assert_eq!(r.port.ctrl_stats.snapshot().ctrl_commands, 0);
+    // Still the reset state (promiscuous, as QEMU's device starts).
+    assert!(r.port.lock_ctrl().ctrl.rx.mode.promisc);
+
+    fe.set_vring_enable(2, true).unwrap();
+    wait_until("ack after enable", || ctlq.used().idx().load() == 1);
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0);
+    assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!((c.ctrl_commands, c.ctrl_errors), (1, 0));
 }
 
 fn raw_msg(req: u32, body: &[u8]) -> Vec<u8> {
