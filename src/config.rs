@@ -115,8 +115,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
     pub exact_limit: usize,
     /// Microseconds the control queue keeps polling for the next command after serving one
-    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands.
-    #[arg(long, default_value_t = 200, value_name = "US")]
+    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands. 1 ms
+    /// covers the gaps of a 7.x guest, which batches its list changes in a work item.
+    #[arg(long, default_value_t = 1000, value_name = "US")]
     pub ctrl_poll_us: u64,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
