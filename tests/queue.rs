@@ -269,6 +269,30 @@ fn ctrl_chain_split_over_descriptors_with_ack() {
         (head, &buf[..c.len], c.ack),
         (0, &[0u8, 1, 1][..], Some(GuestAddress(0x2_2000)))
     );
+    // One-byte flags are not worth evicting.
+    assert!(c.evict.ranges().is_empty());
+}
+
+#[test]
+fn ctrl_table_buffers_are_noted_for_eviction() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(
+        &[
+            d(0x2_0000, 2, F_NEXT, 1),
+            d(0x2_1000, 4 + 6 * 200, F_NEXT, 2), // a table of 200 addresses
+            d(0x2_2000, 4, F_NEXT, 3),           // an empty one
+            d(0x2_3000, 1, F_WRITE, 0),
+        ],
+        0,
+    )
+    .unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut buf = Vec::new();
+    let (_, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap();
+    let c = c.unwrap();
+    assert_eq!(c.len, 2 + 1204 + 4);
+    assert_eq!(c.evict.ranges(), &[(GuestAddress(0x2_1000), 1204)]);
 }
 
 #[test]

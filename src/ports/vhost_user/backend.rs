@@ -316,6 +316,7 @@ impl VnicBackend {
             return Ok(false);
         };
         port.ctrl_stats.ctrl_commands.inc();
+        let evict = chain.as_ref().map(|c| c.evict).unwrap_or_default();
         let (ack, ack_addr) = match chain {
             Ok(c) => {
                 let r = port.lock_ctrl().apply(feat, &buf[..c.len]);
@@ -362,6 +363,8 @@ impl VnicBackend {
             None => 0,
         };
         q.add_used(&**mem, head, written).map_err(io::Error::other)?;
+        // After the used entry, off the path the guest is waiting on.
+        evict.evict(&**mem);
         port.ctrl_stats.ctrl_busy_ns.add(t0.elapsed().as_nanos() as u64);
         Ok(true)
     }

@@ -1,6 +1,7 @@
 //! Guest ports served over vhost-user: one socket, either QEMU attachment.
 
 mod backend;
+pub mod evict;
 pub mod proxy;
 pub mod queue;
 

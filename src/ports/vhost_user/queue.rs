@@ -10,6 +10,7 @@ use virtio_queue::QueueOwnedT;
 use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
+use super::evict::EvictList;
 use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
@@ -268,10 +269,12 @@ pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, v
     Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
 }
 
-/// The readable bytes of a control command, and where to write its ack.
+/// The readable bytes of a control command, where to write its ack, and the large buffers
+/// to hand back to the guest's cache once the command is returned.
 pub struct CtrlChain {
     pub len: usize,
     pub ack: Option<GuestAddress>,
+    pub evict: EvictList,
 }
 
 /// Copies the driver-readable part of a control chain into `buf` and finds the ack byte (the
@@ -286,7 +289,7 @@ pub fn pop_ctrl<M: GuestMemory>(
     let head = chain.head_index();
     Some((
         head,
-        read_ctrl(chain, mem, buf, max).map(|(len, ack)| CtrlChain { len, ack }),
+        read_ctrl(chain, mem, buf, max).map(|(len, ack, evict)| CtrlChain { len, ack, evict }),
     ))
 }
 
@@ -295,9 +298,10 @@ fn read_ctrl<M: GuestMemory>(
     mem: &M,
     buf: &mut Vec<u8>,
     max: usize,
-) -> Result<(usize, Option<GuestAddress>), ChainError> {
+) -> Result<(usize, Option<GuestAddress>, EvictList), ChainError> {
     buf.clear();
     let mut ack = None;
+    let mut evict = EvictList::default();
     let mut last_has_next = true;
     for d in chain {
         last_has_next = d.has_next();
@@ -312,11 +316,12 @@ fn read_ctrl<M: GuestMemory>(
             return Err(ChainError::WrongDirection);
         }
         read_desc_into(mem, &d, buf, max)?;
+        evict.note(d.addr(), d.len());
     }
     if last_has_next {
         return Err(ChainError::Broken);
     }
-    Ok((buf.len(), ack))
+    Ok((buf.len(), ack, evict))
 }
 
 fn read_desc_into<M: GuestMemory>(

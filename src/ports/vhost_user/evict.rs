@@ -1,0 +1,94 @@
+//! Handing guest cache lines back after the daemon has read them.
+//!
+//! A driver rebuilds its MAC table in the same pages for every command of a join storm. Once
+//! the daemon has read a table, its core holds copies of those lines, and each line the
+//! guest writes next must first be taken back from that other core. Measured with 2000 and
+//! 10 000 joins from a 6.1 guest (docs/benchmarks.md), flushing the table's lines once the
+//! command is returned made the guest's joins 4-9 % faster. Cache flushes never change what
+//! memory holds: this is a performance hint only.
+
+use vm_memory::{GuestAddress, GuestMemory, Permissions};
+
+/// Readable buffers at least this long are handed back: a table, not a one-byte flag.
+pub const EVICT_MIN: u32 = 512;
+/// At most this many buffers per command (MAC_TABLE_SET has two tables).
+const EVICT_MAX: usize = 4;
+
+/// The large buffers one control command was read from; no allocation.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EvictList {
+    ranges: [(GuestAddress, u32); EVICT_MAX],
+    n: usize,
+}
+
+impl EvictList {
+    /// Notes a buffer the daemon read; small ones and those past EVICT_MAX are skipped.
+    pub fn note(&mut self, addr: GuestAddress, len: u32) {
+        if len >= EVICT_MIN && self.n < EVICT_MAX {
+            self.ranges[self.n] = (addr, len);
+            self.n += 1;
+        }
+    }
+
+    pub fn ranges(&self) -> &[(GuestAddress, u32)] {
+        &self.ranges[..self.n]
+    }
+
+    /// Flushes every noted buffer's lines from this core's caches.
+    pub fn evict<M: GuestMemory>(&self, mem: &M) {
+        for &(addr, len) in self.ranges() {
+            let Ok(slices) = mem.get_slices(addr, len as usize, Permissions::Read) else {
+                continue;
+            };
+            for slice in slices.flatten() {
+                let guard = slice.ptr_guard();
+                flush_lines(guard.as_ptr(), slice.len());
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn flush_lines(base: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        // SAFETY: CLFLUSH is part of SSE2, which every x86_64 CPU has. `base..base + len` is
+        // a slice of guest memory mapped by the memory guard the caller holds, so every
+        // address flushed is mapped; flushing does not change memory contents.
+        unsafe { std::arch::x86_64::_mm_clflush(base.add(off)) };
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn flush_lines(_base: *const u8, _len: usize) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestMemoryMmap};
+
+    #[test]
+    fn notes_only_large_buffers_and_at_most_four() {
+        let mut l = EvictList::default();
+        l.note(GuestAddress(0), 1);
+        l.note(GuestAddress(0x100), EVICT_MIN - 1);
+        for i in 0..6 {
+            l.note(GuestAddress(0x1000 * i), 6000);
+        }
+        assert_eq!(l.ranges().len(), EVICT_MAX);
+        assert_eq!(l.ranges()[0], (GuestAddress(0), 6000));
+    }
+
+    #[test]
+    fn eviction_keeps_contents_and_skips_unmapped_ranges() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let data: Vec<u8> = (0..6000u32).map(|i| i as u8).collect();
+        mem.write_slice(&data, GuestAddress(0x1000)).unwrap();
+        let mut l = EvictList::default();
+        l.note(GuestAddress(0x1003), 6000);
+        l.note(GuestAddress(0xf000), 0x2000); // runs past the end of guest memory
+        l.evict(&mem);
+        let mut back = vec![0u8; 6000];
+        mem.read_slice(&mut back, GuestAddress(0x1000)).unwrap();
+        assert_eq!(back, data);
+    }
+}
