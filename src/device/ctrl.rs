@@ -3,12 +3,11 @@
 
 use thiserror::Error;
 use virtio_bindings::virtio_net::*;
+use zerocopy::FromBytes;
 
 use super::features::Negotiated;
 use super::rss::{RssConfig, RssError};
 use super::rx_state::RxState;
-use zerocopy::FromBytes;
-
 use crate::wire::MacAddr;
 
 /// Ack byte values.
