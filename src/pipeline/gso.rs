@@ -33,9 +33,14 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this thread's segment buffer.
-pub fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-    super::with_buffer(&SCRATCH, f)
+/// [`segment`] with this thread's segment buffer: how a worker segments, allocation-free
+/// once the buffer has grown.
+pub fn segment_in_scratch(
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    emit: impl FnMut(&VirtioNetHdr, &mut [u8]),
+) -> Result<usize, GsoError> {
+    super::with_buffer(&SCRATCH, |buf| segment(hdr, frame, buf, emit))
 }
 
 const TCP_FIN: u8 = 0x01;

@@ -237,11 +237,9 @@ impl Egress for TapPort {
         let stats = tally.at(self.id, q);
         if !self.csum && pkt.hdr.gso_type != GSO_NONE {
             // No offloads on this tap: the host gets MSS-sized segments.
-            let res = gso::with_scratch(|buf| {
-                gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
-                    let mut p = Packet { hdr: *h, frame: seg };
-                    self.write(stats, q, &mut p);
-                })
+            let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
+                let mut p = Packet { hdr: *h, frame: seg };
+                self.write(stats, q, &mut p);
             });
             match res {
                 Ok(_) => stats.tx_gso_segmented.inc(),

@@ -386,21 +386,19 @@ impl Egress for GuestPort {
         };
         if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
             // The guest cannot take this GSO frame whole: segment it here, once.
-            gso::with_scratch(|buf| {
-                let res = gso::segment(&pkt.hdr, pkt.frame, buf, |h, seg| {
-                    let mut h = *h;
-                    self.push_frame(&dest, &mut h, seg);
-                });
-                match res {
-                    Ok(_) => stats.rx_gso_segmented.inc(),
-                    Err(e) => {
-                        stats.rx_errors.inc();
-                        if self.warn.allow() {
-                            warn!("port {}: dropping GSO frame: {}", self.id, error_chain(&e));
-                        }
+            let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
+                let mut h = *h;
+                self.push_frame(&dest, &mut h, seg);
+            });
+            match res {
+                Ok(_) => stats.rx_gso_segmented.inc(),
+                Err(e) => {
+                    stats.rx_errors.inc();
+                    if self.warn.allow() {
+                        warn!("port {}: dropping GSO frame: {}", self.id, error_chain(&e));
                     }
                 }
-            });
+            }
             return;
         }
         self.push_frame(&dest, &mut pkt.hdr, pkt.frame);
