@@ -606,7 +606,12 @@ fn ipv6(
 ) -> Outcome {
     let to_router = frame[..6] == ROUTER_MAC.0;
     let ip = &frame[HEADER_LEN..];
-    let Ok(p) = Ipv6Packet::new_checked(ip) else {
+    // A header that does not parse, or a payload length past the frame, is the router's
+    // error when the frame was sent to it, else the switch's business.
+    let Some(p) = Ipv6Packet::new_checked(ip)
+        .ok()
+        .filter(|p| IPV6_LEN + p.payload_len() <= ip.len())
+    else {
         if to_router {
             stats.route_errors.inc();
             return Outcome::step(Step::Done);
@@ -615,13 +620,6 @@ fn ipv6(
     };
     let (src, dst, hop_limit) = (p.src(), p.dst(), p.hop_limit());
     let total = IPV6_LEN + p.payload_len();
-    if total > ip.len() {
-        if to_router {
-            stats.route_errors.inc();
-            return Outcome::step(Step::Done);
-        }
-        return Outcome::step(Step::Switch);
-    }
     let icmp = (p.next_header() == PROTO_ICMPV6).then(|| &ip[IPV6_LEN..total]);
     if let Some(n) = icmp.and_then(|m| ndp::parse_neighbour(hop_limit, m)) {
         let smac = MacAddr::from_slice(&frame[6..12]).unwrap_or_default();

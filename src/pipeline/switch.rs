@@ -627,6 +627,15 @@ mod tests {
                 (last(&sinks[0])[54], st.at(0, 0).route_unreachable.get()),
                 (ndp::DEST_UNREACHABLE, 1)
             );
+            // A payload length past the frame: the router's error when sent to it, counted
+            // and dropped; not its business otherwise (switched like any frame to B).
+            let mut lying = pkt.clone();
+            lying[18..20].copy_from_slice(&100u16.to_be_bytes());
+            assert_eq!(go(0, lying.clone()), Forwarded::Routed);
+            assert_eq!(st.at(0, 0).route_errors.get(), 1);
+            lying[..6].copy_from_slice(&B.0);
+            assert_eq!(go(0, lying), Forwarded::Unicast(1));
+            assert_eq!(st.at(0, 0).route_errors.get(), 1);
         }
     }
 }
