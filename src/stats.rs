@@ -168,6 +168,9 @@ pub struct CtrlStats {
     /// Times the control thread was woken by a kick and found work: commands that arrived
     /// while it was not polling. Each one cost the guest a notification and a wake-up.
     pub ctrl_wakeups: Counter,
+    /// Commands the driver posted before DRIVER_OK, answered VIRTIO_NET_ERR (also counted in
+    /// `ctrl_errors`).
+    pub ctrl_before_driver_ok: Counter,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -176,6 +179,7 @@ pub struct CtrlSnapshot {
     pub ctrl_errors: u64,
     pub ctrl_busy_ns: u64,
     pub ctrl_wakeups: u64,
+    pub ctrl_before_driver_ok: u64,
 }
 
 impl CtrlStats {
@@ -185,6 +189,7 @@ impl CtrlStats {
             ctrl_errors: self.ctrl_errors.get(),
             ctrl_busy_ns: self.ctrl_busy_ns.get(),
             ctrl_wakeups: self.ctrl_wakeups.get(),
+            ctrl_before_driver_ok: self.ctrl_before_driver_ok.get(),
         }
     }
 }

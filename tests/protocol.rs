@@ -17,7 +17,7 @@ use dpaa_vnic::pipeline::{Egress, Packet, Switch};
 use dpaa_vnic::ports::vhost_user::{FilterConfig, GuestPort};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -109,11 +109,12 @@ impl Guest {
     }
 
     fn connect(path: &Path, features: u64) -> Guest {
-        Guest::connect_enabling(path, features, &[0, 1, 2])
+        Guest::connect_enabling(path, features, &[0, 1, 2], 0)
     }
 
-    /// Sets up all three rings as QEMU does, but enables only `enabled`.
-    fn connect_enabling(path: &Path, features: u64, enabled: &[usize]) -> Guest {
+    /// Sets up all three rings as QEMU does, but enables only `enabled`; the control ring
+    /// starts at avail index `ctrl_base` (0 for a fresh driver, more for a reconnect).
+    fn connect_enabling(path: &Path, features: u64, enabled: &[usize], ctrl_base: u16) -> Guest {
         let mut fe = Frontend::connect(path, 3).unwrap();
         fe.set_owner().unwrap();
         let offered = fe.get_features().unwrap();
@@ -123,9 +124,11 @@ impl Guest {
             "asking for features the device does not offer"
         );
         let pf = fe.get_protocol_features().unwrap();
-        assert!(pf.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
-        fe.set_protocol_features(pf & (VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ))
-            .unwrap();
+        let want = VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK;
+        assert!(pf.contains(want));
+        fe.set_protocol_features(pf & want).unwrap();
         assert_eq!(fe.get_queue_num().unwrap(), 3);
 
         let file = tempfile::tempfile().unwrap();
@@ -146,6 +149,10 @@ impl Guest {
         };
         for (i, base) in QBASE.iter().enumerate() {
             let q = MockSplitQueue::create(&g.mem, GuestAddress(*base), QSIZE);
+            if i == 2 {
+                // Where the previous backend left it; the backend reads it at SET_VRING_ADDR.
+                q.used().idx().store(ctrl_base);
+            }
             let cfg = VringConfigData {
                 queue_max_size: QSIZE,
                 queue_size: QSIZE,
@@ -160,7 +167,8 @@ impl Guest {
             let call = EventFd::new(EFD_NONBLOCK).unwrap();
             g.fe.set_vring_num(i, QSIZE).unwrap();
             g.fe.set_vring_addr(i, &cfg).unwrap();
-            g.fe.set_vring_base(i, 0).unwrap();
+            g.fe.set_vring_base(i, if i == 2 { ctrl_base } else { 0 })
+                .unwrap();
             g.fe.set_vring_call(i, &call).unwrap();
             g.fe.set_vring_kick(i, &kick).unwrap();
             g.kick.push(kick);
@@ -168,10 +176,18 @@ impl Guest {
         }
         g.fe.set_features(features).unwrap();
         for &i in enabled {
-            g.fe.set_vring_enable(i, true).unwrap();
+            enable(&mut g.fe, i);
         }
         g
     }
+}
+
+/// Enables ring `i` and waits for the backend's answer, as QEMU does from the vCPU thread
+/// that wrote DRIVER_OK.
+fn enable(fe: &mut Frontend, i: usize) {
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    fe.set_vring_enable(i, true).unwrap();
+    fe.set_hdr_flags(VhostUserHeaderFlag::empty());
 }
 
 /// Posts two 2 KiB receive buffers and kicks, as a driver does after DRIVER_OK.
@@ -424,7 +440,7 @@ fn control_queue_applies_and_acks_commands() {
 /// not started. A command posted there is left alone (not read, not acked, not counted)
 /// until the ring is enabled, then served as usual.
 #[test]
-fn control_ring_is_not_served_before_the_frontend_enables_it() {
+fn commands_posted_before_driver_ok_are_refused() {
     let r = rig();
     let Guest {
         mut fe, mem, kick, ..
@@ -432,13 +448,12 @@ fn control_ring_is_not_served_before_the_frontend_enables_it() {
         &r.path,
         VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES,
         &[0, 1],
+        0,
     );
     let ctlq = MockSplitQueue::create(&mem, GuestAddress(QBASE[2]), QSIZE);
     let base = 0x12_0000;
-    mem.write_slice(&[0u8, 0, 0], GuestAddress(base)).unwrap(); // PROMISC off
-    mem.write_obj(0xffu8, GuestAddress(base + 0x800)).unwrap();
-    ctlq.add_desc_chains(&[d(base, 3, F_NEXT, 1), d(base + 0x800, 1, F_WRITE, 0)], 0)
-        .unwrap();
+    // PROMISC off, posted and kicked while the frontend has not started the ring.
+    post_ctrl_at(&mem, &ctlq, 0, base, &[0, 0, 0]);
     kick[2].write(1).unwrap();
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
@@ -448,15 +463,81 @@ fn control_ring_is_not_served_before_the_frontend_enables_it() {
     );
     assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0xff);
     assert_eq!(r.port.ctrl_stats.snapshot().ctrl_commands, 0);
-    // Still the reset state (promiscuous, as QEMU's device starts).
-    assert!(r.port.lock_ctrl().ctrl.rx.mode.promisc);
 
-    fe.set_vring_enable(2, true).unwrap();
-    wait_until("ack after enable", || ctlq.used().idx().load() == 1);
+    // Starting the ring is the device's DRIVER_OK: what was posted before gets an error,
+    // without a kick, and is not applied.
+    enable(&mut fe, 2);
+    wait_until("error after enable", || ctlq.used().idx().load() == 1);
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 1);
+    assert!(r.port.lock_ctrl().ctrl.rx.mode.promisc, "applied anyway");
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!(
+        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
+        (1, 1, 1)
+    );
+
+    // The same command after DRIVER_OK is applied.
+    post_ctrl_at(&mem, &ctlq, 1, base, &[0, 0, 0]);
+    kick[2].write(1).unwrap();
+    wait_until("ack", || ctlq.used().idx().load() == 2);
     assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0);
     assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
     let c = r.port.ctrl_stats.snapshot();
-    assert_eq!((c.ctrl_commands, c.ctrl_errors), (1, 0));
+    assert_eq!(
+        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
+        (2, 1, 1)
+    );
+}
+
+/// A backend reconnect restarts the ring where the driver is (QEMU hands the index back):
+/// commands waiting then were posted while the driver ran, and are served.
+#[test]
+fn commands_waiting_across_a_reconnect_are_served() {
+    let r = rig();
+    let Guest { mut fe, mem, .. } = Guest::connect_enabling(
+        &r.path,
+        VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES,
+        &[0, 1],
+        5,
+    );
+    let ctlq = MockSplitQueue::create(&mem, GuestAddress(QBASE[2]), QSIZE);
+    // Five commands were answered before the old backend went away (creating the mock
+    // above rewrote the index).
+    ctlq.used().idx().store(5);
+    let base = 0x12_0000;
+    post_ctrl_at(&mem, &ctlq, 5, base, &[0, 0, 0]);
+    enable(&mut fe, 2);
+    wait_until("ack after enable", || ctlq.used().idx().load() == 6);
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0);
+    assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!(
+        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
+        (1, 0, 0)
+    );
+}
+
+/// Posts one control command (`cmd` read from `base`, a one-byte ack at `base + 0x800`
+/// preset to 0xff) at avail position `pos`, using descriptors 0 and 1.
+fn post_ctrl_at(
+    mem: &GuestMemoryMmap,
+    q: &MockSplitQueue<'_, GuestMemoryMmap>,
+    pos: u16,
+    base: u64,
+    cmd: &[u8],
+) {
+    mem.write_slice(cmd, GuestAddress(base)).unwrap();
+    mem.write_obj(0xffu8, GuestAddress(base + 0x800)).unwrap();
+    q.desc_table()
+        .store(0, d(base, cmd.len() as u32, F_NEXT, 1))
+        .unwrap();
+    q.desc_table().store(1, d(base + 0x800, 1, F_WRITE, 0)).unwrap();
+    q.avail()
+        .ring()
+        .ref_at(usize::from(pos % QSIZE))
+        .unwrap()
+        .store(0);
+    q.avail().idx().store(pos.wrapping_add(1));
 }
 
 fn raw_msg(req: u32, body: &[u8]) -> Vec<u8> {

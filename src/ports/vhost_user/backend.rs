@@ -3,11 +3,11 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{debug, trace, warn};
+use log::{debug, info, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
@@ -16,6 +16,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::proxy::EnableWatch;
 use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
@@ -39,7 +40,16 @@ struct Session {
     acked: AtomicU64,
     /// One eventfd per worker thread, fired once at start so each thread reports its vrings.
     attach: Vec<EventFd>,
+    /// Every vring by queue index, as the worker threads reported them.
     captured: Mutex<Vec<Option<Vring>>>,
+    /// False while the frontend enables the control ring and waits: the control thread
+    /// serves nothing until the commands posted before DRIVER_OK are known.
+    ctrl_open: AtomicBool,
+    /// Commands at the head of the control ring that were posted before DRIVER_OK.
+    ctrl_early: AtomicU16,
+    /// Set with `ctrl_open`: the control thread must look at its ring (kicks that came
+    /// while it was closed were swallowed).
+    ctrl_resume: AtomicBool,
     /// Per worker thread: only that thread locks its own buffer.
     scratch: Vec<Mutex<Worker>>,
 }
@@ -78,13 +88,16 @@ impl VnicBackend {
                 })
             })
             .collect();
-        let pairs = usize::from(port.queue_pairs);
+        let queues = 2 * usize::from(port.queue_pairs) + 1;
         Ok(VnicBackend(Arc::new(Session {
             port,
             mem,
             acked: AtomicU64::new(0),
             attach,
-            captured: Mutex::new(vec![None; pairs]),
+            captured: Mutex::new(vec![None; queues]),
+            ctrl_open: AtomicBool::new(true),
+            ctrl_early: AtomicU16::new(0),
+            ctrl_resume: AtomicBool::new(false),
             scratch,
         })))
     }
@@ -123,21 +136,73 @@ impl VnicBackend {
         }
     }
 
-    /// Records a thread's RX vring; publishes the RX path once every pair has reported.
+    /// The worker thread serving queue `global`, and the queue's place among its vrings
+    /// (the layout `queues_per_thread` gives).
+    fn owner(&self, global: usize) -> (usize, usize) {
+        if global < 2 * self.pairs() {
+            (global / 2, global % 2)
+        } else {
+            (self.pairs(), 0)
+        }
+    }
+
+    /// Records a thread's vrings (once); publishes the RX path once every pair has reported.
     fn capture(&self, thread: usize, vrings: &[Vring]) {
-        if thread >= self.pairs() {
+        let mut cap = self.0.captured.lock().unwrap_or_else(|p| p.into_inner());
+        let first = if thread < self.pairs() {
+            2 * thread
+        } else {
+            2 * self.pairs()
+        };
+        if cap.get(first).is_none_or(Option::is_some) {
             return;
         }
-        let mut cap = self.0.captured.lock().unwrap_or_else(|p| p.into_inner());
-        cap[thread] = vrings.first().cloned();
-        if cap.iter().all(Option::is_some) {
-            let all: Vec<Vring> = cap.iter().flatten().cloned().collect();
+        for (slot, v) in cap.iter_mut().skip(first).zip(vrings) {
+            *slot = Some(v.clone());
+        }
+        let rx: Option<Vec<Vring>> = cap.iter().step_by(2).take(self.pairs()).cloned().collect();
+        if let (true, Some(all)) = (thread < self.pairs(), rx) {
             self.0.port.publish(all, self.0.mem.clone());
             debug!(
                 "port {}: rx path ready ({} queue pairs)",
                 self.0.port.id,
                 self.pairs()
             );
+        }
+    }
+
+    /// After the control ring was (re)started: serves what it holds, on its own thread.
+    fn resume_ctrl(&self, thread: usize, vrings: &[Vring]) -> io::Result<()> {
+        let feat = self.negotiated();
+        if !feat.ctrl_vq() {
+            return Ok(());
+        }
+        let (owner, local) = self.owner(feat.ctrl_queue_index(self.0.port.queue_pairs));
+        if owner != thread || !self.0.ctrl_resume.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match vrings.get(local) {
+            Some(v) => self.process_ctrl(v, thread),
+            None => Ok(()),
+        }
+    }
+
+    /// How many commands the control ring `vring` holds that its driver posted before
+    /// DRIVER_OK. Called while the frontend waits on the ring's enable, so the guest is
+    /// stopped and cannot add more.
+    fn count_early(&self, vring: &Vring) -> u16 {
+        let mem = self.0.mem.memory();
+        let st = vring.get_ref();
+        let q = st.get_queue();
+        // A ring started past index 0 is a restart (a backend reconnect: QEMU hands back
+        // where it was), and what it holds came while the driver was running.
+        if !q.ready() || q.next_avail() != 0 {
+            return 0;
+        }
+        match q.avail_idx(&*mem, Ordering::Acquire) {
+            // More than a ring's worth is a corrupt index, which popping refuses by itself.
+            Ok(idx) => idx.0.min(q.size()),
+            Err(_) => 0,
         }
     }
 
@@ -223,6 +288,10 @@ impl VnicBackend {
     }
 
     fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
+        if !self.0.ctrl_open.load(Ordering::Acquire) {
+            // The kick is gone; `enabled` sends this thread back here.
+            return Ok(());
+        }
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
@@ -316,8 +385,26 @@ impl VnicBackend {
             return Ok(false);
         };
         port.ctrl_stats.ctrl_commands.inc();
+        let early = self
+            .0
+            .ctrl_early
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
         let evict = chain.as_ref().map(|c| c.evict).unwrap_or_default();
         let (ack, ack_addr) = match chain {
+            // Virtio forbids the driver to use the device before DRIVER_OK; a real NIC
+            // answers such commands with an error and does not act on them.
+            Ok(c) if early => {
+                port.ctrl_stats.ctrl_errors.inc();
+                port.ctrl_stats.ctrl_before_driver_ok.inc();
+                if port.warn.allow() {
+                    warn!(
+                        "port {}: control command posted before DRIVER_OK refused",
+                        port.id
+                    );
+                }
+                (ACK_ERR, c.ack)
+            }
             Ok(c) => {
                 let r = port.lock_ctrl().apply(feat, &buf[..c.len]);
                 match r {
@@ -343,6 +430,9 @@ impl VnicBackend {
             }
             Err(e) => {
                 port.ctrl_stats.ctrl_errors.inc();
+                if early {
+                    port.ctrl_stats.ctrl_before_driver_ok.inc();
+                }
                 if port.warn.allow() {
                     warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
                 }
@@ -438,7 +528,7 @@ impl VhostUserBackend for VnicBackend {
         if u64::from(device_event) == self.attach_event_id() {
             let _ = self.0.attach[thread_id].read();
             self.capture(thread_id, vrings);
-            return Ok(());
+            return self.resume_ctrl(thread_id, vrings);
         }
         let local = usize::from(device_event);
         let Some(vring) = vrings.get(local) else {
@@ -453,6 +543,56 @@ impl VhostUserBackend for VnicBackend {
             Role::Rx => Ok(()),
             Role::Tx(pair) => self.process_tx(pair, vring, thread_id),
             Role::Ctrl => self.process_ctrl(vring, thread_id),
+        }
+    }
+}
+
+/// The relay's view of ring starts: see `proxy` for why an acknowledged enable is the moment
+/// the guest's DRIVER_OK is known.
+impl EnableWatch for VnicBackend {
+    fn enabling(&self, index: u32) {
+        let pairs = self.pairs();
+        let i = index as usize;
+        // The control queue's index depends on whether MQ was acked; either candidate closes
+        // the gate, and `enabled` reopens it.
+        if i == 2 || i == 2 * pairs {
+            self.0.ctrl_open.store(false, Ordering::Release);
+        }
+    }
+
+    fn enabled(&self, index: u32) {
+        let s = &self.0;
+        let feat = self.negotiated();
+        let ctrl = feat.ctrl_vq() && index as usize == feat.ctrl_queue_index(s.port.queue_pairs);
+        if ctrl {
+            let vring = s
+                .captured
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(index as usize)
+                .cloned()
+                .flatten();
+            let early = vring.map_or(0, |v| self.count_early(&v));
+            if early > 0 {
+                info!(
+                    "port {}: {early} control command(s) posted before DRIVER_OK will be refused",
+                    s.port.id
+                );
+            } else {
+                debug!(
+                    "port {}: control ring started, nothing posted before DRIVER_OK",
+                    s.port.id
+                );
+            }
+            s.ctrl_early.store(early, Ordering::Release);
+            s.ctrl_resume.store(true, Ordering::Release);
+        }
+        s.ctrl_open.store(true, Ordering::Release);
+        if ctrl {
+            let (thread, _) = self.owner(index as usize);
+            if let Err(e) = self.trigger_attach(thread) {
+                warn!("port {}: waking the control thread: {e}", s.port.id);
+            }
         }
     }
 }

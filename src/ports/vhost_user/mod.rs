@@ -274,7 +274,8 @@ impl GuestPort {
         let mut listener = Listener::from(inner);
         daemon.start(&mut listener).map_err(VhostPortError::Daemon)?;
         drop(listener);
-        let relay = proxy::Relay::spawn(&name, frontend, handler_side).map_err(VhostPortError::Relay)?;
+        let relay = proxy::Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()))
+            .map_err(VhostPortError::Relay)?;
         let result = daemon.wait();
         relay.stop();
         drop(daemon);

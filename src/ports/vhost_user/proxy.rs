@@ -8,12 +8,19 @@
 //! right after SET_FEATURES. Every other message, with its file descriptors, passes through
 //! unchanged, so the released crates serve both attachments unmodified. The data path does
 //! not go through here: vrings live in shared memory and kicks/calls are eventfds.
+//!
+//! The relay is also the only place that sees when the frontend waits on the backend. QEMU
+//! (8.2 on) enables the rings from the vCPU thread that wrote DRIVER_OK and does not let the
+//! guest run on until each SET_VRING_ENABLE is acknowledged. So between a forwarded enable
+//! and its acknowledgement the guest is stopped, and whatever its rings hold was posted
+//! before DRIVER_OK. [`EnableWatch`] is told of both moments.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
@@ -31,6 +38,15 @@ const REQ_SET_VRING_ENABLE: u32 = 18;
 const FLAG_VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
+
+/// Told when the frontend enables a ring and waits for the answer (see the module text).
+pub trait EnableWatch: Send + Sync {
+    /// The frontend asked to enable ring `index` and waits; called before the handler sees it.
+    fn enabling(&self, index: u32);
+    /// The handler has enabled ring `index`; called before the frontend gets the answer, so
+    /// the guest is still stopped.
+    fn enabled(&self, index: u32);
+}
 
 #[derive(Debug, Error)]
 pub enum ProxyError {
@@ -71,7 +87,19 @@ impl Msg {
     fn set_flags(&mut self, f: u32) {
         self.hdr[4..8].copy_from_slice(&f.to_le_bytes());
     }
+
+    /// The ring a SET_VRING_ENABLE turns on (`None` for a disable or a short body).
+    fn enabled_ring(&self) -> Option<u32> {
+        let word = |i: usize| {
+            let b = self.body.get(4 * i..4 * i + 4)?;
+            Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        (self.request() == REQ_SET_VRING_ENABLE && word(1)? == 1).then_some(word(0)?)
+    }
 }
+
+/// Ring index + 1 of the enable waiting for its acknowledgement; 0 for none.
+type Awaiting = Arc<AtomicU64>;
 
 /// Reads one message; `None` at a clean end of stream.
 fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
@@ -138,7 +166,14 @@ pub struct Relay {
 
 impl Relay {
     /// Starts relaying between `frontend` (QEMU) and `backend` (the request handler).
-    pub fn spawn(name: &str, frontend: UnixStream, backend: UnixStream) -> Result<Relay, ProxyError> {
+    pub fn spawn(
+        name: &str,
+        frontend: UnixStream,
+        backend: UnixStream,
+        watch: Arc<dyn EnableWatch>,
+    ) -> Result<Relay, ProxyError> {
+        let awaiting: Awaiting = Arc::default();
+        let (awaiting2, watch2) = (awaiting.clone(), watch.clone());
         let fe_writer = Arc::new(Mutex::new(frontend.try_clone().map_err(ProxyError::Io)?));
         let (fe_r, be_w) = (
             frontend.try_clone().map_err(ProxyError::Io)?,
@@ -154,7 +189,7 @@ impl Relay {
         let down = thread::Builder::new()
             .name(format!("{name}-relay-fe"))
             .spawn(move || {
-                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer) {
+                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer, &awaiting, &*watch) {
                     debug!("{label}: frontend relay ended: {e}");
                 }
                 let _ = fe_r.shutdown(Shutdown::Both);
@@ -167,6 +202,11 @@ impl Relay {
             .spawn(move || {
                 let r = (|| -> Result<(), ProxyError> {
                     while let Some(m) = recv_msg(&be_r)? {
+                        if m.request() == REQ_SET_VRING_ENABLE && m.flags() & FLAG_REPLY != 0 {
+                            if let Some(i) = awaiting2.swap(0, Ordering::AcqRel).checked_sub(1) {
+                                watch2.enabled(i as u32);
+                            }
+                        }
                         let w = fe_w2.lock().unwrap_or_else(|p| p.into_inner());
                         send_msg(&w, &m)?;
                     }
@@ -202,6 +242,8 @@ fn frontend_to_backend(
     fe: &UnixStream,
     be: &UnixStream,
     fe_writer: &Mutex<UnixStream>,
+    awaiting: &AtomicU64,
+    watch: &dyn EnableWatch,
 ) -> Result<(), ProxyError> {
     let mut features_set = false;
     let mut held: Vec<Msg> = Vec::new();
@@ -216,6 +258,14 @@ fn frontend_to_backend(
             debug!("holding SET_VRING_ENABLE until SET_FEATURES");
             held.push(m);
             continue;
+        }
+        // Only an enable the frontend waits on marks a moment the guest is stopped; a held
+        // one (above) is acked by the relay itself and tells nothing.
+        if m.flags() & FLAG_NEED_REPLY != 0 {
+            if let Some(i) = m.enabled_ring() {
+                watch.enabling(i);
+                awaiting.store(u64::from(i) + 1, Ordering::Release);
+            }
         }
         send_msg(be, &m)?;
         if req == REQ_SET_FEATURES && !features_set {
@@ -246,11 +296,70 @@ mod tests {
         (m.request(), m.flags(), m.body)
     }
 
+    /// Records what the relay told it, in order.
+    #[derive(Default)]
+    struct Log(Mutex<Vec<(&'static str, u32)>>);
+
+    impl EnableWatch for Log {
+        fn enabling(&self, index: u32) {
+            self.0.lock().unwrap().push(("enabling", index));
+        }
+        fn enabled(&self, index: u32) {
+            self.0.lock().unwrap().push(("enabled", index));
+        }
+    }
+
+    impl Log {
+        fn seen(&self) -> Vec<(&'static str, u32)> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn state(index: u32, num: u32) -> Vec<u8> {
+        [index.to_le_bytes(), num.to_le_bytes()].concat()
+    }
+
+    #[test]
+    fn an_enable_the_frontend_waits_on_is_reported_on_both_sides_of_the_handler() {
+        let (mut qemu, fe) = UnixStream::pair().unwrap();
+        let (be, mut handler) = UnixStream::pair().unwrap();
+        let log = Arc::new(Log::default());
+        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        qemu.write_all(&msg(REQ_SET_FEATURES, 1, &[0; 8])).unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_FEATURES);
+        // Neither a disable nor an enable nobody waits on is a moment the guest is stopped.
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &state(2, 0)))
+            .unwrap();
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1, &state(2, 1)))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).2, state(2, 0));
+        assert_eq!(read_msg(&mut handler).2, state(2, 1));
+        assert!(log.seen().is_empty());
+
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &state(2, 1)))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).2, state(2, 1));
+        // Told before the handler could act on it.
+        assert_eq!(log.seen(), [("enabling", 2)]);
+        handler
+            .write_all(&msg(REQ_SET_VRING_ENABLE, FLAG_VERSION | FLAG_REPLY, &[0; 8]))
+            .unwrap();
+        assert_eq!(read_msg(&mut qemu).0, REQ_SET_VRING_ENABLE);
+        // ... and again before the frontend had the answer.
+        assert_eq!(log.seen(), [("enabling", 2), ("enabled", 2)]);
+        // A short body is passed on, not reported.
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &[1, 0]))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).2, [1, 0]);
+        assert_eq!(log.seen().len(), 2);
+        relay.stop();
+    }
+
     #[test]
     fn early_vring_enable_is_held_until_set_features() {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, mut handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
         let enable = [0u8, 0, 0, 0, 1, 0, 0, 0];
         qemu.write_all(&msg(1, 1, &[])).unwrap(); // GET_FEATURES
         qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &enable))
@@ -280,7 +389,7 @@ mod tests {
     fn file_descriptors_pass_through() {
         let (qemu, fe) = UnixStream::pair().unwrap();
         let (be, handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
         let f = tempfile::tempfile().unwrap();
         qemu.send_with_fds(&[&msg(5, 1, &[0; 8])[..]], &[f.as_raw_fd()])
             .unwrap();
@@ -293,7 +402,7 @@ mod tests {
     fn oversized_message_ends_the_relay() {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
         let mut m = msg(5, 1, &[]);
         m[8..12].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         qemu.write_all(&m).unwrap();
