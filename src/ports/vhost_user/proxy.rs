@@ -34,6 +34,9 @@ const MAX_BODY: usize = 64 * 1024;
 const MAX_FDS: usize = 32;
 
 const REQ_SET_FEATURES: u32 = 2;
+const REQ_SET_PROTOCOL_FEATURES: u32 = 16;
+/// VHOST_USER_PROTOCOL_F_REPLY_ACK: without it the handler answers no NEED_REPLY.
+const PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
 const REQ_SET_VRING_ENABLE: u32 = 18;
 const FLAG_VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = 0x4;
@@ -86,6 +89,11 @@ impl Msg {
 
     fn set_flags(&mut self, f: u32) {
         self.hdr[4..8].copy_from_slice(&f.to_le_bytes());
+    }
+
+    fn body_u64(&self) -> Option<u64> {
+        let b: [u8; 8] = self.body.get(..8)?.try_into().ok()?;
+        Some(u64::from_le_bytes(b))
     }
 
     /// The ring a SET_VRING_ENABLE turns on (`None` for a disable or a short body).
@@ -246,6 +254,7 @@ fn frontend_to_backend(
     watch: &dyn EnableWatch,
 ) -> Result<(), ProxyError> {
     let mut features_set = false;
+    let mut reply_ack = false;
     let mut held: Vec<Msg> = Vec::new();
     while let Some(mut m) = recv_msg(fe)? {
         let req = m.request();
@@ -259,9 +268,13 @@ fn frontend_to_backend(
             held.push(m);
             continue;
         }
+        if req == REQ_SET_PROTOCOL_FEATURES {
+            reply_ack = m.body_u64().is_some_and(|f| f & PROTOCOL_F_REPLY_ACK != 0);
+        }
         // Only an enable the frontend waits on marks a moment the guest is stopped; a held
-        // one (above) is acked by the relay itself and tells nothing.
-        if m.flags() & FLAG_NEED_REPLY != 0 {
+        // one (above) is acked by the relay itself and tells nothing. Without REPLY_ACK the
+        // handler would never answer, and the control thread would wait for nothing.
+        if reply_ack && m.flags() & FLAG_NEED_REPLY != 0 {
             if let Some(i) = m.enabled_ring() {
                 watch.enabling(i);
                 awaiting.store(u64::from(i) + 1, Ordering::Release);
@@ -327,6 +340,15 @@ mod tests {
         let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
         qemu.write_all(&msg(REQ_SET_FEATURES, 1, &[0; 8])).unwrap();
         assert_eq!(read_msg(&mut handler).0, REQ_SET_FEATURES);
+        // Before REPLY_ACK is negotiated the handler answers nothing: no wait to report.
+        qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &state(2, 1)))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).2, state(2, 1));
+        assert!(log.seen().is_empty());
+        let reply_ack = PROTOCOL_F_REPLY_ACK.to_le_bytes();
+        qemu.write_all(&msg(REQ_SET_PROTOCOL_FEATURES, 1, &reply_ack))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_PROTOCOL_FEATURES);
         // Neither a disable nor an enable nobody waits on is a moment the guest is stopped.
         qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &state(2, 0)))
             .unwrap();
