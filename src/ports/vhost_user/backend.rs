@@ -11,11 +11,12 @@ use log::{debug, info, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::evict::NextLines;
 use super::proxy::EnableWatch;
 use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -61,6 +62,8 @@ struct Worker {
     routes: RouteCache,
     /// This thread's counters (registered with the switch, summed on read).
     tally: Arc<Tally>,
+    /// Control thread only: where the next command is likely to be read from.
+    next_ctrl: NextLines,
 }
 
 #[derive(Clone)]
@@ -85,6 +88,7 @@ impl VnicBackend {
                     buf: Vec::new(),
                     routes: RouteCache::default(),
                     tally: port.switch.tallies().register(),
+                    next_ctrl: NextLines::default(),
                 })
             })
             .collect();
@@ -212,7 +216,9 @@ impl VnicBackend {
         let hdr_len = feat.hdr_len();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
-        let Worker { buf, routes, tally } = &mut *worker;
+        let Worker {
+            buf, routes, tally, ..
+        } = &mut *worker;
         let stats = tally.at(port.id, pair);
         if buf.len() < TX_BUF {
             buf.resize(TX_BUF, 0);
@@ -295,13 +301,13 @@ impl VnicBackend {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
-        let buf = &mut worker.buf;
+        let Worker { buf, next_ctrl, .. } = &mut *worker;
         let window = self.0.port.ctrl_poll;
         let mut woken = true;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
             let mut served = false;
-            while self.ctrl_one(vring, &feat, &mem, buf)? {
+            while self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
                 if !served && woken {
                     self.0.port.ctrl_stats.ctrl_wakeups.inc();
                 }
@@ -315,6 +321,7 @@ impl VnicBackend {
             // busy-waits on each ack: polling the ring a little while (notifications still
             // off, so the guest does not even exit to kick) saves a wake-up per command.
             if served && self.poll_avail(vring, &mem, window) {
+                next_ctrl.prefetch(&*mem);
                 continue;
             }
             // With EVENT_IDX this publishes avail_event: without it the driver would never
@@ -376,6 +383,7 @@ impl VnicBackend {
         feat: &Negotiated,
         mem: &vm_memory::GuestMemoryLoadGuard<vm_memory::GuestMemoryMmap>,
         buf: &mut Vec<u8>,
+        next: &mut NextLines,
     ) -> io::Result<bool> {
         let port = &self.0.port;
         let t0 = Instant::now();
@@ -453,6 +461,10 @@ impl VnicBackend {
             None => 0,
         };
         q.add_used(&**mem, head, written).map_err(io::Error::other)?;
+        next.note(
+            GuestAddress(q.desc_table()).checked_add(16 * u64::from(head)),
+            ack_addr,
+        );
         // After the used entry, off the path the guest is waiting on.
         evict.evict(&**mem);
         port.ctrl_stats.ctrl_busy_ns.add(t0.elapsed().as_nanos() as u64);
