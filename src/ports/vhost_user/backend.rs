@@ -191,22 +191,23 @@ impl VnicBackend {
         }
     }
 
-    /// How many commands the control ring `vring` holds that its driver posted before
-    /// DRIVER_OK. Called while the frontend waits on the ring's enable, so the guest is
-    /// stopped and cannot add more.
-    fn count_early(&self, vring: &Vring) -> u16 {
+    /// For a control ring a driver starts from index 0 (a new driver, or one that reset the
+    /// device): how many commands it holds that were posted before DRIVER_OK. `None` for a
+    /// ring started past index 0: a restart (a backend reconnect: QEMU hands back where the
+    /// driver is), where what the ring holds came while the driver was running. Called
+    /// while the frontend waits on the ring's enable, so the guest is stopped and cannot add
+    /// more.
+    fn fresh_start(&self, vring: &Vring) -> Option<u16> {
         let mem = self.0.mem.memory();
         let st = vring.get_ref();
         let q = st.get_queue();
-        // A ring started past index 0 is a restart (a backend reconnect: QEMU hands back
-        // where it was), and what it holds came while the driver was running.
         if !q.ready() || q.next_avail() != 0 {
-            return 0;
+            return None;
         }
         match q.avail_idx(&*mem, Ordering::Acquire) {
             // More than a ring's worth is a corrupt index, which popping refuses by itself.
-            Ok(idx) => idx.0.min(q.size()),
-            Err(_) => 0,
+            Ok(idx) => Some(idx.0.min(q.size())),
+            Err(_) => Some(0),
         }
     }
 
@@ -584,7 +585,14 @@ impl EnableWatch for VnicBackend {
                 .get(index as usize)
                 .cloned()
                 .flatten();
-            let early = vring.map_or(0, |v| self.count_early(&v));
+            let fresh = vring.and_then(|v| self.fresh_start(&v));
+            if fresh.is_some() {
+                // The driver reset the device (or is its first): as a NIC after reset, the
+                // filter is back to promiscuous with empty tables until the driver programs
+                // it. A VM pause or a reconnect restarts past 0 and keeps the state.
+                s.port.reset();
+            }
+            let early = fresh.unwrap_or(0);
             if early > 0 {
                 info!(
                     "port {}: {early} control command(s) posted before DRIVER_OK will be refused",
