@@ -64,21 +64,9 @@ start_guest g "$ATTACH" d.sock scale
 
 console() { tr -d '\r' <"$RUN_DIR/g.log"; }
 
-# converge WHAT GUEST_DIGEST: the guest applies its rx mode from deferred work, so give the
-# daemon's table up to 10 s to reach what the guest printed.
-converge() {
-    local what=$1 want=$2 got=""
-    for _ in $(seq 100); do
-        read -r got dcount < <(daemon_mcast_digest d)
-        [[ $got == "$want" ]] && break
-        sleep 0.1
-    done
-    expect_eq "$what (daemon has $dcount)" "$got" "$want"
-}
-
 wait_console g "VNIC-BASE case=0 " "$GUEST_TIMEOUT" || exit 1
 read -r _ _ gdig gcount < <(console | grep -a "VNIC-BASE case=0 ")
-converge "base set before any join ($gcount entries)" "$gdig"
+converge_mcast d "base set before any join ($gcount entries)" "$gdig"
 adds0=$(daemon_counter d 0 filter_adds)
 removes0=$(daemon_counter d 0 filter_removes)
 ip netns exec "$ns" "$HOST_UDP" send 10.33.0.2 7011 1 16 >/dev/null
@@ -88,17 +76,17 @@ for c in "${case_list[@]}"; do
     read -r mode first n _ <<<"$c"
     wait_console g "VNIC-HELD case=$k " "$GUEST_TIMEOUT" || exit 1
     read -r _ _ gdig gcount < <(console | grep -a "VNIC-HELD case=$k ")
-    converge "case $k ($mode x$n): daemon table = guest dev_mcast while held ($gcount entries)" "$gdig"
-    expect_ge "case $k: entries held" "$dcount" "$n"
+    converge_mcast d "case $k ($mode x$n): daemon table = guest dev_mcast while held ($gcount entries)" "$gdig"
+    expect_ge "case $k: entries held" "$DCOUNT" "$n"
     expect_eq "case $k: filter adds for $n joins" "$(($(daemon_counter d 0 filter_adds) - adds0))" "$n"
     if ((HOLD > 0)); then
         sleep "$HOLD"
-        converge "case $k: daemon table = guest dev_mcast still, after $HOLD s held" "$gdig"
+        converge_mcast d "case $k: daemon table = guest dev_mcast still, after $HOLD s held" "$gdig"
     fi
     ip netns exec "$ns" "$HOST_UDP" send 10.33.0.2 7010 1 16 >/dev/null
     wait_console g "VNIC-BASE case=$k " "$GUEST_TIMEOUT" || exit 1
     read -r _ _ gdig gcount < <(console | grep -a "VNIC-BASE case=$k ")
-    converge "case $k: daemon table = guest dev_mcast after leaving ($gcount entries)" "$gdig"
+    converge_mcast d "case $k: daemon table = guest dev_mcast after leaving ($gcount entries)" "$gdig"
     expect_eq "case $k: filter removes for $n leaves" "$(($(daemon_counter d 0 filter_removes) - removes0))" "$n"
     join_ms=$(console | grep -a "VNIC-TIME case=$k join total" | sed 's/.*ms=//')
     leave_ms=$(console | grep -a "VNIC-TIME case=$k leave total" | sed 's/.*ms=//')

@@ -53,20 +53,10 @@ import json, sys
 p = json.load(sys.stdin)["ports"][0]
 print(str(p["rx_mode"]["promisc"]).lower(), len(p["multicast"]))'
 }
-# converge WHAT GUEST_DIGEST: the guest applies its rx mode from deferred work.
-converge() {
-    local what=$1 want=$2 got="" dcount
-    for _ in $(seq 100); do
-        read -r got dcount < <(daemon_mcast_digest d)
-        [[ $got == "$want" ]] && break
-        sleep 0.1
-    done
-    expect_eq "$what (daemon has $dcount)" "$got" "$want"
-}
 
 wait_console g "VNIC-HELD " "$GUEST_TIMEOUT" || exit 1
 read -r _ gdig gcount < <(console | grep -a "VNIC-HELD ")
-converge "daemon table = guest dev_mcast while 100 groups are held ($gcount entries)" "$gdig"
+converge_mcast d "daemon table = guest dev_mcast while 100 groups are held ($gcount entries)" "$gdig"
 expect_eq "rx mode and table size before the reset" "$(rx_state)" "false $gcount"
 ip netns exec "$ns" "$HOST_UDP" send 10.44.0.2 7011 1 16 >/dev/null
 
@@ -78,7 +68,7 @@ expect_eq "rx mode and table size after the reset, before the new driver program
 
 wait_console g "VNIC-BASE " 60 || exit 1
 read -r _ gdig gcount < <(console | grep -a "VNIC-BASE ")
-converge "daemon table = guest dev_mcast after the reset ($gcount entries)" "$gdig"
+converge_mcast d "daemon table = guest dev_mcast after the reset ($gcount entries)" "$gdig"
 expect_eq "rx mode after the new driver's commands" "$(rx_state | cut -d' ' -f1)" false
 ip netns exec "$ns" "$HOST_UDP" send 10.44.0.2 7011 1 16 >/dev/null
 wait_guest g

@@ -112,6 +112,19 @@ lines = sorted(a.replace(":", "") for a in m)
 print(hashlib.md5("".join(l + "\n" for l in lines).encode()).hexdigest(), len(lines))' "${2:-0}"
 }
 
+# converge_mcast DAEMON WHAT GUEST_DIGEST: a guest applies its rx mode from deferred work,
+# so give the daemon's multicast table up to 10 s to reach the digest the guest printed
+# (mcast_snapshot). Leaves the daemon's entry count in DCOUNT.
+converge_mcast() {
+    local daemon=$1 what=$2 want=$3 got=""
+    for _ in $(seq 100); do
+        read -r got DCOUNT < <(daemon_mcast_digest "$daemon")
+        [[ $got == "$want" ]] && break
+        sleep 0.1
+    done
+    expect_eq "$what (daemon has $DCOUNT)" "$got" "$want"
+}
+
 # make_initrd NAME: base initramfs + this test's guest script (read from stdin) as /test.sh.
 make_initrd() {
     local name=$1 d
