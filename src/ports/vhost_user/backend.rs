@@ -195,8 +195,8 @@ impl VnicBackend {
     /// device): how many commands it holds that were posted before DRIVER_OK. `None` for a
     /// ring started past index 0: a restart (a backend reconnect: QEMU hands back where the
     /// driver is), where what the ring holds came while the driver was running. Called
-    /// while the frontend waits on the ring's enable, so the guest is stopped and cannot add
-    /// more.
+    /// while the frontend waits on the ring's enable, so the driver is stopped in its
+    /// DRIVER_OK write and cannot add more.
     fn fresh_start(&self, vring: &Vring) -> Option<u16> {
         let mem = self.0.mem.memory();
         let st = vring.get_ref();

@@ -10,10 +10,10 @@
 //! not go through here: vrings live in shared memory and kicks/calls are eventfds.
 //!
 //! The relay is also the only place that sees when the frontend waits on the backend. QEMU
-//! (8.2 on) enables the rings from the vCPU thread that wrote DRIVER_OK and does not let the
-//! guest run on until each SET_VRING_ENABLE is acknowledged. So between a forwarded enable
-//! and its acknowledgement the guest is stopped, and whatever its rings hold was posted
-//! before DRIVER_OK. [`EnableWatch`] is told of both moments.
+//! (8.2 on) enables the rings from the vCPU thread that wrote DRIVER_OK and does not let that
+//! vCPU run on until each SET_VRING_ENABLE is acknowledged. So between a forwarded enable
+//! and its acknowledgement the driver is stopped in its DRIVER_OK write, and whatever its
+//! rings hold was posted before it. [`EnableWatch`] is told of both moments.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
