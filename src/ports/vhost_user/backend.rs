@@ -140,8 +140,17 @@ impl VnicBackend {
         }
     }
 
-    /// The worker thread serving queue `global`, and the queue's place among its vrings
-    /// (the layout `queues_per_thread` gives).
+    /// Queue index of the `local`th vring of worker `thread` (the layout `queues_per_thread`
+    /// gives: a pair per thread, then the control queue alone).
+    fn global(&self, thread: usize, local: usize) -> usize {
+        if thread < self.pairs() {
+            2 * thread + local
+        } else {
+            2 * self.pairs()
+        }
+    }
+
+    /// The inverse of `global`: the worker serving queue `global`, and its place there.
     fn owner(&self, global: usize) -> (usize, usize) {
         if global < 2 * self.pairs() {
             (global / 2, global % 2)
@@ -153,11 +162,7 @@ impl VnicBackend {
     /// Records a thread's vrings (once); publishes the RX path once every pair has reported.
     fn capture(&self, thread: usize, vrings: &[Vring]) {
         let mut cap = self.0.captured.lock().unwrap_or_else(|p| p.into_inner());
-        let first = if thread < self.pairs() {
-            2 * thread
-        } else {
-            2 * self.pairs()
-        };
+        let first = self.global(thread, 0);
         if cap.get(first).is_none_or(Option::is_some) {
             return;
         }
@@ -547,12 +552,7 @@ impl VhostUserBackend for VnicBackend {
         let Some(vring) = vrings.get(local) else {
             return Ok(());
         };
-        let global = if thread_id < self.pairs() {
-            2 * thread_id + local
-        } else {
-            2 * self.pairs()
-        };
-        match self.role(global) {
+        match self.role(self.global(thread_id, local)) {
             Role::Rx => Ok(()),
             Role::Tx(pair) => self.process_tx(pair, vring, thread_id),
             Role::Ctrl => self.process_ctrl(vring, thread_id),
