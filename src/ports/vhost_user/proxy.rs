@@ -69,14 +69,15 @@ struct Msg {
     fds: Vec<File>,
 }
 
+/// The little-endian `N`-byte value at byte `at` of `b`, if `b` is long enough.
+fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 impl Msg {
+    /// Word `i` (0-2) of the fixed 12-byte header.
     fn word(&self, i: usize) -> u32 {
-        u32::from_le_bytes([
-            self.hdr[4 * i],
-            self.hdr[4 * i + 1],
-            self.hdr[4 * i + 2],
-            self.hdr[4 * i + 3],
-        ])
+        le(&self.hdr, 4 * i).map_or(0, u32::from_le_bytes)
     }
 
     fn request(&self) -> u32 {
@@ -92,16 +93,12 @@ impl Msg {
     }
 
     fn body_u64(&self) -> Option<u64> {
-        let b: [u8; 8] = self.body.get(..8)?.try_into().ok()?;
-        Some(u64::from_le_bytes(b))
+        le(&self.body, 0).map(u64::from_le_bytes)
     }
 
     /// The ring a SET_VRING_ENABLE turns on (`None` for a disable or a short body).
     fn enabled_ring(&self) -> Option<u32> {
-        let word = |i: usize| {
-            let b = self.body.get(4 * i..4 * i + 4)?;
-            Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        };
+        let word = |i: usize| le(&self.body, 4 * i).map(u32::from_le_bytes);
         (self.request() == REQ_SET_VRING_ENABLE && word(1)? == 1).then_some(word(0)?)
     }
 }
@@ -131,7 +128,7 @@ fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
     if n < HDR_LEN {
         s.read_exact(&mut hdr[n..]).map_err(ProxyError::Io)?;
     }
-    let size = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]) as usize;
+    let size = le(&hdr, 8).map_or(0, u32::from_le_bytes) as usize;
     if size > MAX_BODY {
         return Err(ProxyError::TooBig(size));
     }
