@@ -191,11 +191,11 @@ impl Guest {
         self.fe.set_vring_kick(i, &self.kick[i]).unwrap();
     }
 
-    /// Stops ring `i` and starts it again at `base`, as QEMU does around a device reset
-    /// (base 0) or a VM pause (base where the ring was); returns where it stopped.
-    fn restart_ring(&mut self, i: usize, base: Option<u16>) -> u16 {
+    /// Stops ring `i` and starts it again where it stopped, as QEMU does around a VM pause;
+    /// returns that index.
+    fn pause_and_resume_ring(&mut self, i: usize) -> u16 {
         let stopped = self.fe.get_vring_base(i).unwrap() as u16;
-        self.set_up_ring(i, base.unwrap_or(stopped));
+        self.set_up_ring(i, stopped);
         enable(&mut self.fe, i);
         stopped
     }
@@ -455,9 +455,9 @@ fn control_queue_applies_and_acks_commands() {
 
 /// vhost-user has no DRIVER_OK the backend can see (neither crate handles SET_STATUS, and
 /// QEMU's generic device never reports it): the frontend starts and enables the rings once
-/// the driver has set DRIVER_OK, so a ring that is not enabled is a device the driver has
-/// not started. A command posted there is left alone (not read, not acked, not counted)
-/// until the ring is enabled, then served as usual.
+/// the driver has set DRIVER_OK, and waits for each enable's answer. A command posted on a
+/// ring that is not enabled is left alone (not read, not acked, not counted); what the ring
+/// holds when it is enabled was posted before DRIVER_OK and gets VIRTIO_NET_ERR.
 #[test]
 fn commands_posted_before_driver_ok_are_refused() {
     let r = rig();
@@ -489,11 +489,7 @@ fn commands_posted_before_driver_ok_are_refused() {
     wait_until("error after enable", || ctlq.used().idx().load() == 1);
     assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 1);
     assert!(r.port.lock_ctrl().ctrl.rx.mode.promisc, "applied anyway");
-    let c = r.port.ctrl_stats.snapshot();
-    assert_eq!(
-        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
-        (1, 1, 1)
-    );
+    assert_eq!(ctrl_counts(&r), (1, 1, 1));
 
     // The same command after DRIVER_OK is applied.
     post_ctrl_at(&mem, &ctlq, 1, base, &[0, 0, 0]);
@@ -501,11 +497,7 @@ fn commands_posted_before_driver_ok_are_refused() {
     wait_until("ack", || ctlq.used().idx().load() == 2);
     assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0);
     assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
-    let c = r.port.ctrl_stats.snapshot();
-    assert_eq!(
-        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
-        (2, 1, 1)
-    );
+    assert_eq!(ctrl_counts(&r), (2, 1, 1));
 }
 
 /// A backend reconnect restarts the ring where the driver is (QEMU hands the index back):
@@ -529,11 +521,7 @@ fn commands_waiting_across_a_reconnect_are_served() {
     wait_until("ack after enable", || ctlq.used().idx().load() == 6);
     assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x800)).unwrap(), 0);
     assert!(!r.port.lock_ctrl().ctrl.rx.mode.promisc);
-    let c = r.port.ctrl_stats.snapshot();
-    assert_eq!(
-        (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok),
-        (1, 0, 0)
-    );
+    assert_eq!(ctrl_counts(&r), (1, 0, 0));
 }
 
 /// A driver that resets the device starts its control ring from 0 again: the filter is back
@@ -554,7 +542,7 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
     assert!(!promisc());
 
     // Paused and resumed: QEMU hands back index 1.
-    assert_eq!(g.restart_ring(2, None), 1);
+    assert_eq!(g.pause_and_resume_ring(2), 1);
     thread::sleep(Duration::from_millis(100));
     assert!(!promisc(), "a pause reset the filter");
 
@@ -572,6 +560,12 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
     g.kick[2].write(1).unwrap();
     wait_until("ack after reset", || ctlq.used().idx().load() == 1);
     assert!(!promisc());
+}
+
+/// Control commands served, refused, and refused as posted before DRIVER_OK.
+fn ctrl_counts(r: &Rig) -> (u64, u64, u64) {
+    let c = r.port.ctrl_stats.snapshot();
+    (c.ctrl_commands, c.ctrl_errors, c.ctrl_before_driver_ok)
 }
 
 /// Posts one control command (`cmd` read from `base`, a one-byte ack at `base + 0x800`
