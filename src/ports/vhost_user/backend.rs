@@ -404,13 +404,16 @@ impl VnicBackend {
             .ctrl_early
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
+        if early {
+            // Refused below whether the chain is well formed or not.
+            port.ctrl_stats.ctrl_before_driver_ok.inc();
+        }
         let evict = chain.as_ref().map(|c| c.evict).unwrap_or_default();
         let (ack, ack_addr) = match chain {
             // Virtio forbids the driver to use the device before DRIVER_OK; a real NIC
             // answers such commands with an error and does not act on them.
             Ok(c) if early => {
                 port.ctrl_stats.ctrl_errors.inc();
-                port.ctrl_stats.ctrl_before_driver_ok.inc();
                 if port.warn.allow() {
                     warn!(
                         "port {}: control command posted before DRIVER_OK refused",
@@ -444,9 +447,6 @@ impl VnicBackend {
             }
             Err(e) => {
                 port.ctrl_stats.ctrl_errors.inc();
-                if early {
-                    port.ctrl_stats.ctrl_before_driver_ok.inc();
-                }
                 if port.warn.allow() {
                     warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
                 }
