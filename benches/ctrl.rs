@@ -1,8 +1,8 @@
 //! The control queue's round trip between two cores, as a guest driver sees it: one thread
-//! plays the Linux driver (writes the command and its descriptors, publishes the avail
-//! index, spins on the used index, reads the ack), the other serves the ring with the
-//! daemon's pieces (`pop_ctrl`, `NicState::apply`, ack, `add_used`, eviction) while polling
-//! the avail index, as the control thread does after a command. The time is the driver's,
+//! plays the Linux driver (writes the command and its indirect descriptor table, publishes
+//! the avail index, spins on the used index, reads the ack), the other serves the ring with
+//! the daemon's pieces (`pop_ctrl`, `NicState::apply`, ack, `add_used`, eviction) while
+//! polling the avail index, as the control thread does after a command. The time is the driver's,
 //! per command: what a join waits for, without TCG and QEMU around it. The baseline in the
 //! same run serves without prefetching the next command's lines (`NextLines`).
 //!
@@ -18,7 +18,7 @@ use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{FilterRegs, Layout};
 use dpaa_vnic::device::NicState;
 use dpaa_vnic::ports::vhost_user::evict::NextLines;
-use dpaa_vnic::ports::vhost_user::queue::pop_ctrl;
+use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl};
 use dpaa_vnic::wire::MacAddr;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueT};
@@ -35,8 +35,11 @@ const ACK: u64 = CTRL + 2;
 const DATA: u64 = CTRL + 4;
 /// Multicast table of a MAC_TABLE_SET (the unicast table, empty, sits in front of it).
 const TABLE: u64 = 0x3_0000;
+/// The command's indirect descriptor table.
+const INDIRECT: u64 = 0x4_0000;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
+const F_INDIRECT: u16 = 4;
 
 /// What the driver sends each time.
 #[derive(Clone, Copy)]
@@ -51,9 +54,18 @@ fn mem() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
 }
 
+/// Descriptor `i` of the command's indirect table. The last one (no NEXT) also writes the
+/// ring's head descriptor, which names the table: Linux posts each control command this way
+/// when INDIRECT_DESC is negotiated, as both attachments do.
 fn desc(mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
     let d = RawDescriptor::from(Descriptor::new(addr, len, flags, next));
-    mem.write_obj(d, GuestAddress(DESC + 16 * u64::from(i))).unwrap();
+    mem.write_obj(d, GuestAddress(INDIRECT + 16 * u64::from(i)))
+        .unwrap();
+    if flags & F_NEXT == 0 {
+        let n = u32::from(i) + 1;
+        let head = RawDescriptor::from(Descriptor::new(INDIRECT, 16 * n, F_INDIRECT, 0));
+        mem.write_obj(head, GuestAddress(DESC)).unwrap();
+    }
 }
 
 /// The driver's side of command number `k`: write it, post it, wait for the used entry.
@@ -131,10 +143,8 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, prefetch: &AtomicBool) {
         let ack_addr = c.ack.unwrap();
         mem.write_obj(ack, ack_addr).unwrap();
         q.add_used(mem, head, 1).unwrap();
-        next.note(
-            GuestAddress(DESC).checked_add(16 * u64::from(head)),
-            Some(ack_addr),
-        );
+        let desc = GuestAddress(DESC).checked_add(16 * u64::from(head));
+        next.note(desc, desc.and_then(|d| indirect_table(mem, d)), Some(ack_addr));
         c.evict.evict(mem);
     }
     black_box(&nic);

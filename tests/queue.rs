@@ -2,7 +2,7 @@
 //! well-formed (gaps, indirect tables, merged RX buffers) and malformed (every way a guest can
 //! lie), checking the used ring after each event.
 
-use dpaa_vnic::ports::vhost_user::queue::{pop_ctrl, pop_tx, push_rx, ChainError, RxError};
+use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl, pop_tx, push_rx, ChainError, RxError};
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -271,6 +271,55 @@ fn ctrl_chain_split_over_descriptors_with_ack() {
     );
     // One-byte flags are not worth evicting.
     assert!(c.evict.ranges().is_empty());
+}
+
+/// Linux posts every control command through an indirect table when INDIRECT_DESC is
+/// negotiated (both attachments offer it): the command reads the same as a direct one, and
+/// `indirect_table` finds the table for the next command's prefetch.
+#[test]
+fn ctrl_chain_through_an_indirect_table() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    m.write_slice(&[0, 1], GuestAddress(0x2_0000)).unwrap();
+    m.write_slice(&[1], GuestAddress(0x2_1000)).unwrap();
+    let table = GuestAddress(0x6_0000);
+    for (i, desc) in [
+        d(0x2_0000, 2, F_NEXT, 1),
+        d(0x2_1000, 1, F_NEXT, 2),
+        d(0x2_2000, 1, F_WRITE, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        m.write_obj(desc, table.unchecked_add(16 * i as u64)).unwrap();
+    }
+    publish(
+        &vq,
+        &[
+            (0, d(table.0, 48, F_INDIRECT, 0)),
+            (1, d(0x2_0000, 2, 0, 0)),
+            (2, d(MEM_SIZE as u64 + 0x1000, 48, F_INDIRECT, 0)),
+        ],
+        &[0],
+    );
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut buf = Vec::new();
+    let (head, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap();
+    let c = c.unwrap();
+    assert_eq!(
+        (head, &buf[..c.len], c.ack),
+        (0, &[0u8, 1, 1][..], Some(GuestAddress(0x2_2000)))
+    );
+    let slot = |i: u64| GuestAddress(q.desc_table()).unchecked_add(16 * i);
+    assert_eq!(indirect_table(&m, slot(0)), Some(table));
+    // A direct descriptor has no table; an indirect one pointing outside guest memory is
+    // still named (prefetching skips it); a slot that cannot be read has none.
+    assert_eq!(indirect_table(&m, slot(1)), None);
+    assert_eq!(
+        indirect_table(&m, slot(2)),
+        Some(GuestAddress(MEM_SIZE as u64 + 0x1000))
+    );
+    assert_eq!(indirect_table(&m, GuestAddress(MEM_SIZE as u64)), None);
 }
 
 #[test]

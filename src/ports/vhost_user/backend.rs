@@ -18,7 +18,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::evict::NextLines;
 use super::proxy::EnableWatch;
-use super::queue::{pop_ctrl, pop_tx, wants_interrupt};
+use super::queue::{indirect_table, pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
@@ -467,10 +467,8 @@ impl VnicBackend {
             None => 0,
         };
         q.add_used(&**mem, head, written).map_err(io::Error::other)?;
-        next.note(
-            GuestAddress(q.desc_table()).checked_add(16 * u64::from(head)),
-            ack_addr,
-        );
+        let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
+        next.note(desc, desc.and_then(|d| indirect_table(&**mem, d)), ack_addr);
         // After the used entry, off the path the guest is waiting on.
         evict.evict(&**mem);
         port.ctrl_stats.ctrl_busy_ns.add(t0.elapsed().as_nanos() as u64);

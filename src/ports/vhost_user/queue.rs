@@ -277,6 +277,12 @@ pub struct CtrlChain {
     pub evict: EvictList,
 }
 
+/// The indirect table the descriptor at `desc` refers to, if it does and can be read.
+pub fn indirect_table<M: GuestMemory>(mem: &M, desc: GuestAddress) -> Option<GuestAddress> {
+    let d: Descriptor = mem.read_obj(desc).ok()?;
+    d.refers_to_indirect_table().then(|| d.addr())
+}
+
 /// Copies the driver-readable part of a control chain into `buf` and finds the ack byte (the
 /// first byte of the last writable descriptor).
 pub fn pop_ctrl<M: GuestMemory>(
