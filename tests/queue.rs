@@ -2,7 +2,9 @@
 //! well-formed (gaps, indirect tables, merged RX buffers) and malformed (every way a guest can
 //! lie), checking the used ring after each event.
 
-use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl, pop_tx, push_rx, ChainError, RxError};
+use dpaa_vnic::ports::vhost_user::queue::{
+    indirect_table, pop_ctrl, pop_tx, push_rx, ChainError, CtrlChain, RxError,
+};
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -245,30 +247,37 @@ fn rx_buffer_outside_guest_memory_is_an_error_not_a_crash() {
     );
 }
 
-#[test]
-fn ctrl_chain_split_over_descriptors_with_ack() {
-    let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
-    // class/cmd, then the data, then the ack byte: the layout Linux uses.
+/// RX_PROMISC on, split as Linux sends it: class/cmd, then the data byte, then the ack byte.
+/// Writes the command into guest memory and returns its descriptors.
+fn promisc_on(m: &GuestMemoryMmap) -> [RawDescriptor; 3] {
     m.write_slice(&[0, 1], GuestAddress(0x2_0000)).unwrap();
     m.write_slice(&[1], GuestAddress(0x2_1000)).unwrap();
-    vq.add_desc_chains(
-        &[
-            d(0x2_0000, 2, F_NEXT, 1),
-            d(0x2_1000, 1, F_NEXT, 2),
-            d(0x2_2000, 1, F_WRITE, 0),
-        ],
-        0,
-    )
-    .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    [
+        d(0x2_0000, 2, F_NEXT, 1),
+        d(0x2_1000, 1, F_NEXT, 2),
+        d(0x2_2000, 1, F_WRITE, 0),
+    ]
+}
+
+/// Pops the `promisc_on` command from head 0 and checks what the control thread reads.
+fn pop_promisc_on(q: &mut Queue, m: &GuestMemoryMmap) -> CtrlChain {
     let mut buf = Vec::new();
-    let (head, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap();
+    let (head, c) = pop_ctrl(q, m, &mut buf, 1 << 20).unwrap();
     let c = c.unwrap();
     assert_eq!(
         (head, &buf[..c.len], c.ack),
         (0, &[0u8, 1, 1][..], Some(GuestAddress(0x2_2000)))
     );
+    c
+}
+
+#[test]
+fn ctrl_chain_split_over_descriptors_with_ack() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(&promisc_on(&m), 0).unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let c = pop_promisc_on(&mut q, &m);
     // One-byte flags are not worth evicting.
     assert!(c.evict.ranges().is_empty());
 }
@@ -280,17 +289,8 @@ fn ctrl_chain_split_over_descriptors_with_ack() {
 fn ctrl_chain_through_an_indirect_table() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    m.write_slice(&[0, 1], GuestAddress(0x2_0000)).unwrap();
-    m.write_slice(&[1], GuestAddress(0x2_1000)).unwrap();
     let table = GuestAddress(0x6_0000);
-    for (i, desc) in [
-        d(0x2_0000, 2, F_NEXT, 1),
-        d(0x2_1000, 1, F_NEXT, 2),
-        d(0x2_2000, 1, F_WRITE, 0),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, desc) in promisc_on(&m).into_iter().enumerate() {
         m.write_obj(desc, table.unchecked_add(16 * i as u64)).unwrap();
     }
     publish(
@@ -303,13 +303,7 @@ fn ctrl_chain_through_an_indirect_table() {
         &[0],
     );
     let mut q: Queue = vq.create_queue().unwrap();
-    let mut buf = Vec::new();
-    let (head, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap();
-    let c = c.unwrap();
-    assert_eq!(
-        (head, &buf[..c.len], c.ack),
-        (0, &[0u8, 1, 1][..], Some(GuestAddress(0x2_2000)))
-    );
+    pop_promisc_on(&mut q, &m);
     let slot = |i: u64| GuestAddress(q.desc_table()).unchecked_add(16 * i);
     assert_eq!(indirect_table(&m, slot(0)), Some(table));
     // A direct descriptor has no table; an indirect one pointing outside guest memory is
