@@ -2,9 +2,10 @@
 //! plays the Linux driver (writes the command and its indirect descriptor table, publishes
 //! the avail index, spins on the used index, reads the ack), the other serves the ring with
 //! the daemon's pieces (`pop_ctrl`, `NicState::apply`, ack, `add_used`, eviction) while
-//! polling the avail index, as the control thread does after a command. The time is the driver's,
-//! per command: what a join waits for, without TCG and QEMU around it. The baseline in the
-//! same run serves without prefetching the next command's lines (`NextLines`).
+//! polling the avail index, as the control thread does after a command. The time is the
+//! driver's, per command: what a join waits for, without TCG and QEMU around it. The
+//! baseline in the same run serves without prefetching the next command's lines
+//! (`NextLines`).
 //!
 //! cargo bench --bench ctrl
 
