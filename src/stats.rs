@@ -171,6 +171,9 @@ pub struct CtrlStats {
     /// Commands the driver posted before DRIVER_OK, answered VIRTIO_NET_ERR (also counted in
     /// `ctrl_errors`).
     pub ctrl_before_driver_ok: Counter,
+    /// Times the control thread found itself polling on the guest's CPU and moved off it
+    /// (`ports/vhost_user/placement.rs`).
+    pub ctrl_cpu_moves: Counter,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -180,6 +183,7 @@ pub struct CtrlSnapshot {
     pub ctrl_busy_ns: u64,
     pub ctrl_wakeups: u64,
     pub ctrl_before_driver_ok: u64,
+    pub ctrl_cpu_moves: u64,
 }
 
 impl CtrlStats {
@@ -190,6 +194,7 @@ impl CtrlStats {
             ctrl_busy_ns: self.ctrl_busy_ns.get(),
             ctrl_wakeups: self.ctrl_wakeups.get(),
             ctrl_before_driver_ok: self.ctrl_before_driver_ok.get(),
+            ctrl_cpu_moves: self.ctrl_cpu_moves.get(),
         }
     }
 }

@@ -17,6 +17,7 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::evict::NextLines;
+use super::placement::{Placement, SleepWatch};
 use super::proxy::EnableWatch;
 use super::queue::{indirect_table, pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -53,6 +54,9 @@ struct Session {
     ctrl_resume: AtomicBool,
     /// Per worker thread: only that thread locks its own buffer.
     scratch: Vec<Mutex<Worker>>,
+    /// The CPUs the control thread may move among when it finds itself on the guest's;
+    /// `None` if they could not be read (the thread then stays where the scheduler puts it).
+    placement: Option<Placement>,
 }
 
 /// What one worker thread owns: its frame buffer, its route cache, its counters. Only that thread
@@ -64,6 +68,8 @@ struct Worker {
     tally: Arc<Tally>,
     /// Control thread only: where the next command is likely to be read from.
     next_ctrl: NextLines,
+    /// Control thread only: its sleeps, to notice when it wakes on the guest's CPU.
+    ctrl_sleeps: SleepWatch,
 }
 
 #[derive(Clone)]
@@ -89,10 +95,20 @@ impl VnicBackend {
                     routes: RouteCache::default(),
                     tally: port.switch.tallies().register(),
                     next_ctrl: NextLines::default(),
+                    ctrl_sleeps: SleepWatch::default(),
                 })
             })
             .collect();
         let queues = 2 * usize::from(port.queue_pairs) + 1;
+        let placement = Placement::of_current_thread()
+            .inspect_err(|e| {
+                warn!(
+                    "port {}: the control thread will not leave the guest's CPU: {}",
+                    port.id,
+                    error_chain(e)
+                )
+            })
+            .ok();
         Ok(VnicBackend(Arc::new(Session {
             port,
             mem,
@@ -103,6 +119,7 @@ impl VnicBackend {
             ctrl_early: AtomicU16::new(0),
             ctrl_resume: AtomicBool::new(false),
             scratch,
+            placement,
         })))
     }
 
@@ -307,8 +324,16 @@ impl VnicBackend {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
-        let Worker { buf, next_ctrl, .. } = &mut *worker;
+        let Worker {
+            buf,
+            next_ctrl,
+            ctrl_sleeps,
+            ..
+        } = &mut *worker;
         let window = self.0.port.ctrl_poll;
+        if ctrl_sleeps.woke_on_guest_cpu() {
+            self.leave_guest_cpu();
+        }
         let mut woken = true;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
@@ -333,10 +358,34 @@ impl VnicBackend {
             // With EVENT_IDX this publishes avail_event: without it the driver would never
             // kick again and spin forever on its next command.
             if !vring.enable_notification().map_err(io::Error::other)? {
+                ctrl_sleeps.sleeping(served && !window.is_zero());
                 break;
             }
         }
         Ok(())
+    }
+
+    /// This thread woke on the guest's CPU (placement.rs): moves to another one.
+    fn leave_guest_cpu(&self) {
+        let Some(p) = &self.0.placement else {
+            return;
+        };
+        let port = &self.0.port;
+        match p.leave_current_cpu() {
+            Ok(Some(cpu)) => {
+                port.ctrl_stats.ctrl_cpu_moves.inc();
+                debug!(
+                    "port {}: control thread polled on the guest's CPU {cpu}; moved off it",
+                    port.id
+                );
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if port.warn.allow() {
+                    warn!("port {}: moving the control thread: {}", port.id, error_chain(&e));
+                }
+            }
+        }
     }
 
     fn wants_interrupt(&self, vring: &Vring) -> io::Result<bool> {

@@ -2,6 +2,7 @@
 
 mod backend;
 pub mod evict;
+pub mod placement;
 pub mod proxy;
 pub mod queue;
 
