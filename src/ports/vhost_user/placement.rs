@@ -210,7 +210,8 @@ mod tests {
         let mut w = SleepWatch::default();
         assert!(!w.woke_on_guest_cpu());
         w.sleeping(false);
-        assert!(!w.woke_on_guest_cpu(), "just slept, no wait, window not empty");
+        // Decided by how long this thread waits for its CPU meanwhile: not checked here.
+        w.woke_on_guest_cpu();
         assert!(!w.woke_on_guest_cpu(), "the sleep is used up");
     }
 
@@ -225,17 +226,17 @@ mod tests {
         std::thread::spawn(|| {
             let p = Placement::of_current_thread().unwrap();
             assert!(p.cpus() >= 1);
-            let before = current_cpu();
             match p.leave_current_cpu().unwrap() {
                 Some(left) => {
                     assert!(p.cpus() >= 2);
-                    assert_eq!(left, before);
+                    // SAFETY: CPU_ISSET only reads the set and checks the index itself.
+                    assert!(unsafe { libc::CPU_ISSET(left, &p.allowed) });
+                    // The thread can no longer run where it was, whatever else happens.
                     assert_ne!(current_cpu(), left);
                     assert_eq!(Placement::of_current_thread().unwrap().cpus(), p.cpus() - 1);
                     // Leaving again picks from the whole original set, minus the new CPU.
-                    let on = current_cpu();
-                    assert_eq!(p.leave_current_cpu().unwrap(), Some(on));
-                    assert_ne!(current_cpu(), on);
+                    let again = p.leave_current_cpu().unwrap().unwrap();
+                    assert_ne!(current_cpu(), again);
                     assert_eq!(Placement::of_current_thread().unwrap().cpus(), p.cpus() - 1);
                 }
                 // Nowhere else to go: the affinity is left as it was.
