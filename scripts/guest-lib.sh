@@ -15,6 +15,16 @@ PIDS=()
 NETNS=()
 declare -A DAEMON_PID GUEST_PID
 
+# bench_setup: what every scripts/bench-* does first: provision (idempotent), build the
+# daemon, make the run directory, and pick the accelerator (VNIC_ACCEL, exported).
+bench_setup() {
+    "$REPO_ROOT/scripts/provision" >/dev/null
+    (cd "$REPO_ROOT" && cargo build --release --locked 2>&1 | tail -1)
+    setup_run
+    VNIC_ACCEL=$("$REPO_ROOT/scripts/probe-accel")
+    export VNIC_ACCEL
+}
+
 cleanup() {
     local rc=$?
     # Clean-up must run to the end even where a kill finds nothing left to kill.
