@@ -171,7 +171,7 @@ pub struct CtrlStats {
     /// Commands the driver posted before DRIVER_OK, answered VIRTIO_NET_ERR (also counted in
     /// `ctrl_errors`).
     pub ctrl_before_driver_ok: Counter,
-    /// Times the control thread found itself polling on the guest's CPU and moved off it
+    /// Times the control thread woke on the guest's CPU and moved off it
     /// (`ports/vhost_user/placement.rs`).
     pub ctrl_cpu_moves: Counter,
 }

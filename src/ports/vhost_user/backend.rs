@@ -375,7 +375,7 @@ impl VnicBackend {
             Ok(Some(cpu)) => {
                 port.ctrl_stats.ctrl_cpu_moves.inc();
                 debug!(
-                    "port {}: control thread polled on the guest's CPU {cpu}; moved off it",
+                    "port {}: control thread woke on the guest's CPU {cpu}; moved off it",
                     port.id
                 );
             }
