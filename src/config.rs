@@ -119,6 +119,12 @@ pub struct RunArgs {
     /// covers the gaps of a 7.x guest, which batches its list changes in a work item.
     #[arg(long, default_value_t = 1000, value_name = "US")]
     pub ctrl_poll_us: u64,
+    /// SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a guest's kick
+    /// runs it at once even on the guest's own busy CPU; it drops to normal priority as soon
+    /// as the command is served and never polls at it. 0: sleep at normal priority. Needs
+    /// CAP_SYS_NICE or RLIMIT_RTPRIO; without them the daemon says so once and goes on.
+    #[arg(long, default_value_t = 1, value_name = "PRIO")]
+    pub ctrl_wake_priority: u8,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
     /// NIC when QEMU has several. Repeat for more ports.
@@ -181,6 +187,8 @@ pub enum ConfigError {
     SnoopAndQmp(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
+    #[error("--ctrl-wake-priority {0} is out of range 0..=99")]
+    CtrlWakePriority(u8),
     #[error(
         "--csum-action {action}: port {port} does not exist ({ports} ports: --socket in order, then --tap)"
     )]
@@ -219,6 +227,7 @@ pub struct Config {
     pub filter: Layout,
     pub exact_limit: usize,
     pub ctrl_poll_us: u64,
+    pub ctrl_wake_priority: u8,
     pub qmp: Vec<QmpSpec>,
     /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
     pub snoop: Option<Option<std::time::Duration>>,
@@ -280,6 +289,9 @@ impl TryFrom<RunArgs> for Config {
         if a.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(a.ctrl_poll_us));
         }
+        if a.ctrl_wake_priority > 99 {
+            return Err(ConfigError::CtrlWakePriority(a.ctrl_wake_priority));
+        }
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
             return Err(ConfigError::ExactLimit(a.exact_limit));
         }
@@ -337,6 +349,7 @@ impl TryFrom<RunArgs> for Config {
             filter: a.filter,
             exact_limit: a.exact_limit,
             ctrl_poll_us: a.ctrl_poll_us,
+            ctrl_wake_priority: a.ctrl_wake_priority,
             qmp: a.qmp,
             snoop: a
                 .snoop
@@ -365,11 +378,20 @@ mod tests {
         assert_eq!(c.queue_pairs, 1);
         assert_eq!(c.mtu, 1500);
         assert_eq!(c.guests[1].mac.to_string(), "52:54:00:d0:aa:02");
+        assert_eq!(c.ctrl_wake_priority, 1);
     }
 
     #[test]
     fn rejects_bad_values() {
         assert_eq!(parse(&[]), Err(ConfigError::NoSocket));
+        assert_eq!(
+            parse(&["--socket", "a", "--ctrl-wake-priority", "100"]),
+            Err(ConfigError::CtrlWakePriority(100))
+        );
+        assert_eq!(
+            parse(&["--socket", "a", "--ctrl-wake-priority", "0"]).map(|c| c.ctrl_wake_priority),
+            Ok(0)
+        );
         assert_eq!(
             parse(&["--socket", "a", "--queues", "0"]),
             Err(ConfigError::Queues(0))

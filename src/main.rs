@@ -73,6 +73,7 @@ fn run(cfg: Config) -> ExitCode {
             layout: cfg.filter,
             exact_limit: cfg.exact_limit,
             ctrl_poll: std::time::Duration::from_micros(cfg.ctrl_poll_us),
+            ctrl_wake_priority: cfg.ctrl_wake_priority,
             snoop: cfg.snoop,
         };
         let port = Arc::new(GuestPort::new(

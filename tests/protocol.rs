@@ -71,6 +71,8 @@ fn rig() -> Rig {
         layout: Layout::Memac,
         exact_limit: 4096,
         ctrl_poll: std::time::Duration::from_micros(200),
+        // As the daemon runs by default: the control thread sleeps at real-time priority.
+        ctrl_wake_priority: 1,
         snoop: None,
     };
     let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, filter, switch.clone()));

@@ -17,7 +17,7 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::evict::NextLines;
-use super::placement::{Placement, SleepWatch};
+use super::placement::{CpuSet, CtrlCpu, Seen};
 use super::proxy::EnableWatch;
 use super::queue::{indirect_table, pop_ctrl, pop_tx, wants_interrupt};
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -54,9 +54,6 @@ struct Session {
     ctrl_resume: AtomicBool,
     /// Per worker thread: only that thread locks its own buffer.
     scratch: Vec<Mutex<Worker>>,
-    /// The CPUs the control thread may move among when it finds itself on the guest's;
-    /// `None` if they could not be read (the thread then stays where the scheduler puts it).
-    placement: Option<Placement>,
 }
 
 /// What one worker thread owns: its frame buffer, its route cache, its counters. Only that thread
@@ -68,8 +65,8 @@ struct Worker {
     tally: Arc<Tally>,
     /// Control thread only: where the next command is likely to be read from.
     next_ctrl: NextLines,
-    /// Control thread only: its sleeps, to notice when it wakes on the guest's CPU.
-    ctrl_sleeps: SleepWatch,
+    /// Control thread only: its CPU and priority around its sleeps (placement.rs).
+    ctrl_cpu: CtrlCpu,
 }
 
 #[derive(Clone)]
@@ -83,8 +80,23 @@ enum Role {
 }
 
 impl VnicBackend {
-    pub fn new(port: Arc<GuestPort>, mem: GuestMemoryAtomic<vm_memory::GuestMemoryMmap>) -> io::Result<Self> {
+    /// `frontend_pid`: the process at the other end of the socket, whose threads the control
+    /// thread keeps off (`None` when unknown).
+    pub fn new(
+        port: Arc<GuestPort>,
+        mem: GuestMemoryAtomic<vm_memory::GuestMemoryMmap>,
+        frontend_pid: Option<u32>,
+    ) -> io::Result<Self> {
         let threads = usize::from(port.queue_pairs) + 1;
+        let allowed = CpuSet::of_current_thread()
+            .inspect_err(|e| {
+                warn!(
+                    "port {}: the control thread will not leave the guest's CPU: {}",
+                    port.id,
+                    error_chain(e)
+                )
+            })
+            .ok();
         let attach = (0..threads)
             .map(|_| EventFd::new(EFD_NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
@@ -95,20 +107,11 @@ impl VnicBackend {
                     routes: RouteCache::default(),
                     tally: port.switch.tallies().register(),
                     next_ctrl: NextLines::default(),
-                    ctrl_sleeps: SleepWatch::default(),
+                    ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, port.ctrl_wake_priority),
                 })
             })
             .collect();
         let queues = 2 * usize::from(port.queue_pairs) + 1;
-        let placement = Placement::of_current_thread()
-            .inspect_err(|e| {
-                warn!(
-                    "port {}: the control thread will not leave the guest's CPU: {}",
-                    port.id,
-                    error_chain(e)
-                )
-            })
-            .ok();
         Ok(VnicBackend(Arc::new(Session {
             port,
             mem,
@@ -119,7 +122,6 @@ impl VnicBackend {
             ctrl_early: AtomicU16::new(0),
             ctrl_resume: AtomicBool::new(false),
             scratch,
-            placement,
         })))
     }
 
@@ -327,20 +329,21 @@ impl VnicBackend {
         let Worker {
             buf,
             next_ctrl,
-            ctrl_sleeps,
+            ctrl_cpu,
             ..
         } = &mut *worker;
         let window = self.0.port.ctrl_poll;
-        if ctrl_sleeps.woke_on_guest_cpu() {
-            self.leave_guest_cpu();
-        }
         let mut woken = true;
         loop {
             vring.disable_notification().map_err(io::Error::other)?;
             let mut served = false;
             while self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
-                if !served && woken {
-                    self.0.port.ctrl_stats.ctrl_wakeups.inc();
+                if !served {
+                    if woken {
+                        self.0.port.ctrl_stats.ctrl_wakeups.inc();
+                    }
+                    // The guest has its ack: now, not before, see where to poll from.
+                    self.settle(ctrl_cpu);
                 }
                 served = true;
             }
@@ -358,31 +361,40 @@ impl VnicBackend {
             // With EVENT_IDX this publishes avail_event: without it the driver would never
             // kick again and spin forever on its next command.
             if !vring.enable_notification().map_err(io::Error::other)? {
-                ctrl_sleeps.sleeping(served && !window.is_zero());
+                if let Err(e) = ctrl_cpu.asleep(served && !window.is_zero()) {
+                    // Once per connection: the thread does not try again.
+                    info!("port {}: control thread: {}", self.0.port.id, error_chain(&e));
+                }
                 break;
             }
         }
         Ok(())
     }
 
-    /// This thread woke on the guest's CPU (placement.rs): moves to another one.
-    fn leave_guest_cpu(&self) {
-        let Some(p) = &self.0.placement else {
-            return;
-        };
+    /// After the first command since a sleep: off the guest's CPU, back to normal priority
+    /// (placement.rs).
+    fn settle(&self, ctrl_cpu: &mut CtrlCpu) {
         let port = &self.0.port;
-        match p.leave_current_cpu() {
-            Ok(Some(cpu)) => {
+        match ctrl_cpu.woke() {
+            Ok(Some((cpu, seen))) => {
                 port.ctrl_stats.ctrl_cpu_moves.inc();
+                let how = match seen {
+                    Seen::Frontend => "a frontend thread was runnable there",
+                    Seen::Signs => "seen by its wait for the CPU or the kick's timing",
+                };
                 debug!(
-                    "port {}: control thread woke on the guest's CPU {cpu}; moved off it",
+                    "port {}: control thread woke on the guest's CPU {cpu} ({how}); moved off it",
                     port.id
                 );
             }
             Ok(None) => {}
             Err(e) => {
                 if port.warn.allow() {
-                    warn!("port {}: moving the control thread: {}", port.id, error_chain(&e));
+                    warn!(
+                        "port {}: placing the control thread: {}",
+                        port.id,
+                        error_chain(&e)
+                    );
                 }
             }
         }

@@ -77,6 +77,8 @@ pub struct FilterConfig {
     pub exact_limit: usize,
     /// How long the control queue's thread keeps polling for the next command after one.
     pub ctrl_poll: std::time::Duration,
+    /// The SCHED_FIFO priority the control thread sleeps at (0: normal priority).
+    pub ctrl_wake_priority: u8,
     /// Learn multicast groups from the guest's IGMP/MLD reports (net attachment), forgetting
     /// them after the timeout if given.
     pub snoop: Option<Option<std::time::Duration>>,
@@ -114,6 +116,7 @@ pub struct GuestPort {
     switch: Arc<Switch>,
     warn: WarnLimiter,
     ctrl_poll: std::time::Duration,
+    ctrl_wake_priority: u8,
     snooping: bool,
 }
 
@@ -149,6 +152,7 @@ impl GuestPort {
             switch,
             warn: WarnLimiter::default(),
             ctrl_poll: filter.ctrl_poll,
+            ctrl_wake_priority: filter.ctrl_wake_priority,
             snooping: filter.snoop.is_some(),
         }
     }
@@ -250,8 +254,26 @@ impl GuestPort {
     }
 
     fn serve_connection(self: &Arc<Self>, frontend: UnixStream) -> Result<(), VhostPortError> {
+        let frontend_pid = match placement::peer_pid(&frontend) {
+            Ok(Some(pid)) => Some(pid),
+            Ok(None) => {
+                info!(
+                    "port {}: the frontend runs in another PID namespace; the control thread goes by signs alone",
+                    self.id
+                );
+                None
+            }
+            Err(e) => {
+                warn!(
+                    "port {}: the frontend's process is unknown, so the control thread goes by signs alone: {e}",
+                    self.id
+                );
+                None
+            }
+        };
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let backend = VnicBackend::new(self.clone(), mem.clone()).map_err(VhostPortError::Register)?;
+        let backend =
+            VnicBackend::new(self.clone(), mem.clone(), frontend_pid).map_err(VhostPortError::Register)?;
         let name = format!("vnic-port{}", self.id);
         let mut daemon =
             VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(VhostPortError::Daemon)?;
