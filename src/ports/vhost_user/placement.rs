@@ -15,7 +15,8 @@
 //!   busy-waits for the ack meanwhile. Once the command is served the thread drops back to
 //!   normal priority: it never polls at real-time priority.
 //! - **See the guest** ([`Frontend`]): then it looks where the frontend's (QEMU's) threads
-//!   are runnable, from /proc/PID/task/*/stat, and moves to an allowed CPU where none is.
+//!   are runnable, from /proc/PID/task/*/stat, and if one is on its CPU, moves to an allowed
+//!   CPU where none is (or else to any other).
 //!   Dropping its priority on the vCPU's CPU without moving would leave it queued behind the
 //!   vCPU until the next balancing tick.
 //! - **Signs** ([`SleepWatch`]), when the frontend's threads cannot be read (another PID
@@ -238,15 +239,22 @@ fn current_cpu() -> Result<usize, PlacementError> {
 }
 
 /// Where to poll from: `None` to stay on `current`, else the CPUs to move among. Stay when no
-/// frontend thread is runnable here, or when every other allowed CPU has one too (moving
-/// would only trade one vCPU for another).
+/// frontend thread is runnable here. Otherwise leave: for the allowed CPUs where none is, or,
+/// if every one has a frontend thread too, for any other. The thread runnable here is most
+/// likely the vCPU that kicked, spinning until its ack; another CPU's is as likely QEMU's
+/// main loop on a short errand (traced: one every 2 ms for the guest's timers).
 fn destination(allowed: &CpuSet, frontend_busy: &CpuSet, current: usize) -> Option<CpuSet> {
     if !frontend_busy.contains(current) {
         return None;
     }
-    let mut free = allowed.without(frontend_busy);
-    free.remove(current);
-    (!free.is_empty()).then_some(free)
+    let mut other = *allowed;
+    other.remove(current);
+    let free = other.without(frontend_busy);
+    if !free.is_empty() {
+        Some(free)
+    } else {
+        (!other.is_empty()).then_some(other)
+    }
 }
 
 /// The frontend process (QEMU) and its threads, as /proc shows them: which CPUs its
@@ -578,8 +586,13 @@ mod tests {
         assert_eq!(destination(&all, &set(&[0, 2]), 0), Some(set(&[1, 3])));
         // Two CPUs, the vCPU on this one: the other.
         assert_eq!(destination(&set(&[0, 1]), &set(&[1]), 1), Some(set(&[0])));
-        // Every other CPU has a frontend thread too, or there is no other: stay.
-        assert_eq!(destination(&set(&[0, 1]), &set(&[0, 1]), 0), None);
+        // Every other CPU has a frontend thread too: still leave the kicker's CPU.
+        assert_eq!(destination(&set(&[0, 1]), &set(&[0, 1]), 0), Some(set(&[1])));
+        assert_eq!(
+            destination(&set(&[0, 1, 2]), &set(&[0, 1, 2]), 2),
+            Some(set(&[0, 1]))
+        );
+        // No other CPU: stay.
         assert_eq!(destination(&set(&[0]), &set(&[0]), 0), None);
         // Busy CPUs outside the allowed set do not count as places to go.
         assert_eq!(destination(&set(&[0, 1]), &set(&[0, 5]), 0), Some(set(&[1])));
@@ -599,6 +612,12 @@ mod tests {
         assert_eq!(set(&[0, 1, 2]).without(&set(&[1, 7])), set(&[0, 2]));
         assert!(CpuSet::empty().is_empty());
         assert_eq!(format!("{:?}", set(&[2, 0])), "{0, 2}");
+    }
+
+    /// Runs `f` on a new thread: the tests that bind their thread to CPUs or change its
+    /// priority must not do it to the test harness's threads.
+    fn on_a_thread_of_its_own(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(f).join().unwrap();
     }
 
     /// A busy-looping child process pinned to `cpu`, killed when dropped.
@@ -661,8 +680,7 @@ mod tests {
 
     #[test]
     fn wakes_off_the_cpu_a_frontend_thread_wants() {
-        // A thread of its own: it binds itself, which must not pin the test harness.
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             let allowed = CpuSet::of_current_thread().unwrap();
             let cpu = current_cpu().unwrap();
             set(&[cpu]).bind_current_thread().unwrap();
@@ -684,14 +702,12 @@ mod tests {
             ctrl.asleep(false).unwrap();
             assert_eq!(ctrl.woke().unwrap(), None);
             assert_eq!(CpuSet::of_current_thread().unwrap(), rest);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_frontend_that_cannot_be_listed_leaves_the_signs() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             let mut ctrl = CtrlCpu::new(CpuSet::of_current_thread().ok(), Some(u32::MAX), 0);
             assert!(matches!(
                 ctrl.asleep(false),
@@ -701,41 +717,38 @@ mod tests {
             // The sleep still counts, and the next one lists nothing.
             assert!(ctrl.woke().is_ok());
             ctrl.asleep(false).unwrap();
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn without_the_frontend_the_signs_decide() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             let allowed = CpuSet::of_current_thread().unwrap();
             let mut ctrl = CtrlCpu::new(Some(allowed), None, 0);
             // An empty window and a wake-up right after it: the quick-kick sign.
+            let t = Instant::now();
             ctrl.asleep(true).unwrap();
-            let cpu = current_cpu().unwrap();
-            match ctrl.woke().unwrap() {
+            let woke = ctrl.woke().unwrap();
+            let took = t.elapsed();
+            match woke {
                 Some((left, seen)) => {
                     assert_eq!(seen, Seen::Signs);
                     assert!(allowed.len() >= 2);
                     assert_ne!(current_cpu().unwrap(), left);
                     assert_eq!(CpuSet::of_current_thread().unwrap().len(), allowed.len() - 1);
                 }
-                None => assert_eq!(allowed.len(), 1, "CPU {cpu} was the only one"),
+                // Only if there is nowhere to go, or the host stopped this whole machine
+                // past the window (that wait is not the thread's run delay).
+                None => assert!(allowed.len() == 1 || took >= CO_LOCATED, "{took:?}"),
             }
-            // A window the guest ended itself and a prompt wake-up: no sign, no move.
-            let before = CpuSet::of_current_thread().unwrap();
-            ctrl.asleep(false).unwrap();
-            assert_eq!(ctrl.woke().unwrap(), None);
-            assert_eq!(CpuSet::of_current_thread().unwrap(), before);
-        })
-        .join()
-        .unwrap();
+            // Without a sign, no move: the decision itself is tested on traced values above,
+            // since here the wait for the CPU is up to the scheduler.
+        });
     }
 
     #[test]
     fn sleeps_at_real_time_priority_and_wakes_to_normal() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             // SAFETY: sched_getscheduler only reads the calling thread's policy.
             let policy = || unsafe { libc::sched_getscheduler(0) };
             let mut p = WakePriority::new(1);
@@ -758,8 +771,6 @@ mod tests {
             let mut off = WakePriority::new(0);
             off.raise().unwrap();
             assert_eq!(policy(), libc::SCHED_OTHER);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
