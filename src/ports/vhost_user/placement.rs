@@ -235,7 +235,10 @@ fn current_cpu() -> Result<usize, PlacementError> {
     // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
     let cpu = unsafe { libc::sched_getcpu() };
     // It returns -1 and sets errno on failure.
-    usize::try_from(cpu).map_err(|_| PlacementError::GetCpu(io::Error::last_os_error()))
+    let Ok(cpu) = usize::try_from(cpu) else {
+        return Err(PlacementError::GetCpu(io::Error::last_os_error()));
+    };
+    Ok(cpu)
 }
 
 /// Where to poll from: `None` to stay on `current`, else the CPUs to move among. Stay when no
