@@ -749,30 +749,112 @@ mod tests {
         });
     }
 
+    fn policy() -> libc::c_int {
+        // SAFETY: sched_getscheduler only reads the calling thread's policy.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    /// The capability sets of the calling thread (capget/capset; libc has no wrapper).
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+
+    const CAP_VERSION_3: u32 = 0x2008_0522;
+    const CAP_SYS_NICE: u32 = 23;
+
+    fn thread_caps() -> [CapData; 2] {
+        let mut hdr = CapHeader {
+            version: CAP_VERSION_3,
+            pid: 0,
+        };
+        let mut data = [CapData::default(); 2];
+        // SAFETY: version 3 takes one header and two data structs, which outlive the call.
+        let r = unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        data
+    }
+
+    /// Drops CAP_SYS_NICE from the calling thread's effective set (capabilities are per
+    /// thread: the rest of the test process keeps it).
+    fn drop_sys_nice() {
+        let mut data = thread_caps();
+        data[0].effective &= !(1 << CAP_SYS_NICE);
+        let mut hdr = CapHeader {
+            version: CAP_VERSION_3,
+            pid: 0,
+        };
+        // SAFETY: as in `thread_caps`; the kernel only reads the data.
+        let r = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+    }
+
+    /// Whether this thread may take SCHED_FIFO priority 1: CAP_SYS_NICE, or RLIMIT_RTPRIO.
+    fn may_raise() -> bool {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: the kernel writes one rlimit, which outlives the call.
+        let r = unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut lim) };
+        assert_eq!(r, 0);
+        thread_caps()[0].effective & (1 << CAP_SYS_NICE) != 0 || lim.rlim_cur >= 1
+    }
+
     #[test]
     fn sleeps_at_real_time_priority_and_wakes_to_normal() {
         on_a_thread_of_its_own(|| {
-            // SAFETY: sched_getscheduler only reads the calling thread's policy.
-            let policy = || unsafe { libc::sched_getscheduler(0) };
             let mut p = WakePriority::new(1);
-            match p.raise() {
-                Ok(()) => {
-                    assert_eq!(policy(), libc::SCHED_FIFO);
-                    p.lower().unwrap();
-                    assert_eq!(policy(), libc::SCHED_OTHER);
-                    // Lowering twice does nothing.
-                    p.lower().unwrap();
-                }
-                // Not allowed here: said once, then the thread keeps to normal priority.
-                Err(PlacementError::Raise { priority: 1, .. }) => {
-                    assert_eq!(policy(), libc::SCHED_OTHER);
-                    p.raise().unwrap();
-                    assert_eq!(policy(), libc::SCHED_OTHER);
-                }
-                Err(e) => panic!("{e}"),
+            if !may_raise() {
+                assert!(matches!(
+                    p.raise(),
+                    Err(PlacementError::Raise { priority: 1, .. })
+                ));
+                return;
             }
+            p.raise().unwrap();
+            assert_eq!(policy(), libc::SCHED_FIFO);
+            // Raising twice does nothing.
+            p.raise().unwrap();
+            p.lower().unwrap();
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            // Lowering twice does nothing.
+            p.lower().unwrap();
+            assert_eq!(policy(), libc::SCHED_OTHER);
             let mut off = WakePriority::new(0);
             off.raise().unwrap();
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        });
+    }
+
+    #[test]
+    fn without_the_privilege_it_says_so_once_and_sleeps_at_normal_priority() {
+        on_a_thread_of_its_own(|| {
+            drop_sys_nice();
+            let mut ctrl = CtrlCpu::new(CpuSet::of_current_thread().ok(), None, 1);
+            if may_raise() {
+                // RLIMIT_RTPRIO allows it without the capability.
+                ctrl.asleep(false).unwrap();
+                assert_eq!(policy(), libc::SCHED_FIFO);
+                return;
+            }
+            assert!(matches!(
+                ctrl.asleep(false),
+                Err(PlacementError::Raise { priority: 1, .. })
+            ));
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            // Woken: nothing to lower; then no second report, and still normal priority.
+            assert!(ctrl.woke().is_ok());
+            ctrl.asleep(false).unwrap();
             assert_eq!(policy(), libc::SCHED_OTHER);
         });
     }
