@@ -178,6 +178,11 @@ fn run(cfg: Config) -> ExitCode {
             })
             .collect();
         let every = (timeout / 3).max(std::time::Duration::from_secs(1));
+        // Linux answers an MLD general query after a random delay up to the query's Max
+        // Resp, and a new query draws that delay again (IGMP keeps the earlier one). With
+        // a window as long as the interval, a late draw is pushed past the next query, and
+        // a few in a row let every group expire at once: half the interval leaves room.
+        let respond = every / 2;
         let spawned = thread::Builder::new()
             .name("vnic-snoop-timer".into())
             .spawn(move || {
@@ -189,7 +194,7 @@ fn run(cfg: Config) -> ExitCode {
                         g.lock_ctrl().snoop_expire(now);
                     }
                     if now >= next_query {
-                        guests.iter().for_each(|g| g.send_queries());
+                        guests.iter().for_each(|g| g.send_queries(respond));
                         next_query = now + every;
                     }
                 }

@@ -328,6 +328,16 @@ fn ethernet(dst: MacAddr, ethertype: u16, out: &mut Vec<u8>) {
     out.extend_from_slice(&ethertype.to_be_bytes());
 }
 
+/// The Max Resp Codes that ask hosts to answer within `window`: IGMPv3 in tenths of a second
+/// (1..=127, the linear range), MLDv2 in milliseconds (1..=32767). Rounded down, so that
+/// hosts never wait longer than asked.
+pub fn max_resp_codes(window: std::time::Duration) -> (u8, u16) {
+    let ms = window.as_millis();
+    let ds = u8::try_from((ms / 100).clamp(1, 127)).unwrap_or(127);
+    let ms = u16::try_from(ms.clamp(1, 32767)).unwrap_or(32767);
+    (ds, ms)
+}
+
 /// An IGMPv3 general query to 224.0.0.1 from 0.0.0.0 (as a bridge querier sends it), with
 /// a router-alert option: hosts answer with reports of everything they hold, within
 /// `max_resp_ds` tenths of a second (at most 12.7 s here).
@@ -371,6 +381,19 @@ pub fn mld_general_query(max_resp_ms: u16, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod query_tests {
     use super::*;
+
+    #[test]
+    fn max_resp_codes_stay_within_the_window_and_the_linear_ranges() {
+        use std::time::Duration;
+        assert_eq!(max_resp_codes(Duration::from_millis(500)), (5, 500));
+        assert_eq!(max_resp_codes(Duration::from_millis(1599)), (15, 1599));
+        // Below a tenth of a second IGMP's smallest code; never 0 (answer at once).
+        assert_eq!(max_resp_codes(Duration::from_millis(40)), (1, 40));
+        assert_eq!(max_resp_codes(Duration::ZERO), (1, 1));
+        // Long windows stop at the linear encodings' limits, 12.7 s and 32.767 s.
+        assert_eq!(max_resp_codes(Duration::from_secs(50)), (127, 32767));
+        assert_eq!(max_resp_codes(Duration::from_secs(u64::MAX)), (127, 32767));
+    }
 
     #[test]
     fn igmp_query_golden_checksums() {

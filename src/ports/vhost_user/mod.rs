@@ -312,13 +312,15 @@ impl GuestPort {
     }
 
     /// As querier for `--snoop`: sends an IGMPv3 and an MLDv2 general query to the guest,
-    /// whose answers (reports of everything it holds) refresh the snooped groups.
-    pub fn send_queries(&self) {
+    /// whose answers (reports of everything it holds), due within `respond`, refresh the
+    /// snooped groups.
+    pub fn send_queries(&self, respond: std::time::Duration) {
         if !self.snooping || self.attachment() != Some("net") {
             return;
         }
+        let (igmp_ds, mld_ms) = mcast_report::max_resp_codes(respond);
         let mut frame = Vec::with_capacity(128);
-        mcast_report::igmp_general_query(10, &mut frame);
+        mcast_report::igmp_general_query(igmp_ds, &mut frame);
         self.send(
             &self.query_tally,
             0,
@@ -327,7 +329,7 @@ impl GuestPort {
                 frame: &mut frame,
             },
         );
-        mcast_report::mld_general_query(1000, &mut frame);
+        mcast_report::mld_general_query(mld_ms, &mut frame);
         self.send(
             &self.query_tally,
             0,
