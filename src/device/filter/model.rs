@@ -242,8 +242,10 @@ fn sync_list(
             }
         }
     }
-    prev.clear();
-    prev.extend_from_slice(next);
+    // Only the window that differs is rewritten: a join appends one entry, where copying the
+    // whole list again cost as much as the comparison.
+    let end = prev.len() - suffix;
+    prev.splice(prefix..end, came.iter().copied());
 }
 
 /// Compare steps, coarse to fine: a whole list that matches costs one memcmp (the join and
