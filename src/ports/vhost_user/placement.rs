@@ -192,6 +192,13 @@ impl CpuSet {
         self.len() == 0
     }
 
+    /// The set without `cpu`: where else a thread may go.
+    pub fn but(&self, cpu: usize) -> CpuSet {
+        let mut out = *self;
+        out.remove(cpu);
+        out
+    }
+
     /// The CPUs in `self` and not in `other`.
     pub fn without(&self, other: &CpuSet) -> CpuSet {
         let mut out = *self;
@@ -250,8 +257,7 @@ fn destination(allowed: &CpuSet, frontend_busy: &CpuSet, current: usize) -> Opti
     if !frontend_busy.contains(current) {
         return None;
     }
-    let mut other = *allowed;
-    other.remove(current);
+    let other = allowed.but(current);
     let free = other.without(frontend_busy);
     if !free.is_empty() {
         Some(free)
@@ -494,8 +500,7 @@ impl CtrlCpu {
             // Without the frontend's threads, the signs say whether to move, and to where
             // they cannot: any other allowed CPU.
             _ => {
-                let mut rest = allowed;
-                rest.remove(current);
+                let rest = allowed.but(current);
                 let to = (self.watch.on_guest_cpu(slept) && !rest.is_empty()).then_some(rest);
                 (to, Seen::Signs)
             }
@@ -613,6 +618,10 @@ mod tests {
         s.remove(1 << 20);
         assert!(!s.contains(1 << 20));
         assert_eq!(set(&[0, 1, 2]).without(&set(&[1, 7])), set(&[0, 2]));
+        let three = set(&[0, 1, 2]);
+        assert_eq!(three.but(1), set(&[0, 2]));
+        assert_eq!(three.but(5), three);
+        assert_eq!(three.but(1 << 20), three);
         assert!(CpuSet::empty().is_empty());
         assert_eq!(format!("{:?}", set(&[2, 0])), "{0, 2}");
     }
