@@ -174,6 +174,10 @@ pub struct CtrlStats {
     /// Times the control thread woke on the guest's CPU and moved off it
     /// (`ports/vhost_user/placement.rs`).
     pub ctrl_cpu_moves: Counter,
+    /// Used-buffer notifications sent on the control queue. A driver that spins for its ack
+    /// turns them off (Linux through 6.x); one that sleeps until the device answers needs
+    /// one per command, each carried by the frontend to the guest.
+    pub ctrl_interrupts: Counter,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -184,6 +188,7 @@ pub struct CtrlSnapshot {
     pub ctrl_wakeups: u64,
     pub ctrl_before_driver_ok: u64,
     pub ctrl_cpu_moves: u64,
+    pub ctrl_interrupts: u64,
 }
 
 impl CtrlStats {
@@ -195,6 +200,7 @@ impl CtrlStats {
             ctrl_wakeups: self.ctrl_wakeups.get(),
             ctrl_before_driver_ok: self.ctrl_before_driver_ok.get(),
             ctrl_cpu_moves: self.ctrl_cpu_moves.get(),
+            ctrl_interrupts: self.ctrl_interrupts.get(),
         }
     }
 }

@@ -455,6 +455,44 @@ fn control_queue_applies_and_acks_commands() {
     assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
 }
 
+/// Linux gives its control ring no callback and spins for each ack, so the ring says
+/// VRING_AVAIL_F_NO_INTERRUPT: no notification, none counted. A driver that sleeps until
+/// the device answers leaves the flag clear and gets one per command, counted in
+/// `ctrl_interrupts`.
+#[test]
+fn control_queue_interrupts_only_a_driver_that_asks() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
+    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let ctlq = g.queue(2);
+    let post = |slot: u16| {
+        let base = 0x12_0000 + 0x1000 * u64::from(slot);
+        g.mem.write_slice(&[0u8, 1, 1], GuestAddress(base)).unwrap(); // ALLMULTI on
+        ctlq.add_desc_chains(
+            &[d(base, 3, F_NEXT, slot + 1), d(base + 0x800, 1, F_WRITE, 0)],
+            slot,
+        )
+        .unwrap();
+        g.kick[2].write(1).unwrap();
+        wait_until("ack", || ctlq.used().idx().load() == slot / 2 + 1);
+        // The call, if any, is written right after the used index: give it a moment.
+        thread::sleep(Duration::from_millis(50));
+    };
+    // avail->flags is the ring's first u16.
+    g.mem.write_obj(u16::to_le(1), ctlq.avail_addr()).unwrap();
+    post(0);
+    assert!(
+        g.call[2].read().is_err(),
+        "control interrupt the driver turned off"
+    );
+    assert_eq!(r.port.ctrl_stats.snapshot().ctrl_interrupts, 0);
+    g.mem.write_obj(0u16, ctlq.avail_addr()).unwrap();
+    post(2);
+    assert_eq!(g.call[2].read().unwrap(), 1, "the driver asked for the interrupt");
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!((c.ctrl_commands, c.ctrl_interrupts), (2, 1));
+}
+
 /// vhost-user has no DRIVER_OK the backend can see (neither crate handles SET_STATUS, and
 /// QEMU's generic device never reports it): the frontend starts and enables the rings once
 /// the driver has set DRIVER_OK, and waits for each enable's answer. A command posted on a

@@ -349,6 +349,7 @@ impl VnicBackend {
             }
             woken = false;
             if served && self.wants_interrupt(vring)? {
+                self.0.port.ctrl_stats.ctrl_interrupts.inc();
                 vring.signal_used_queue()?;
             }
             // A driver changing its address lists sends several commands back to back and
