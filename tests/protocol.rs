@@ -465,16 +465,10 @@ fn control_queue_interrupts_only_a_driver_that_asks() {
     let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
     wait_until("attachment", || r.port.attachment() == Some("device"));
     let ctlq = g.queue(2);
-    let post = |slot: u16| {
-        let base = 0x12_0000 + 0x1000 * u64::from(slot);
-        g.mem.write_slice(&[0u8, 1, 1], GuestAddress(base)).unwrap(); // ALLMULTI on
-        ctlq.add_desc_chains(
-            &[d(base, 3, F_NEXT, slot + 1), d(base + 0x800, 1, F_WRITE, 0)],
-            slot,
-        )
-        .unwrap();
+    let post = |pos: u16| {
+        post_ctrl_at(&g.mem, &ctlq, pos, 0x12_0000, &[0, 1, 1]); // ALLMULTI on
         g.kick[2].write(1).unwrap();
-        wait_until("ack", || ctlq.used().idx().load() == slot / 2 + 1);
+        wait_until("ack", || ctlq.used().idx().load() == pos + 1);
         // The call, if any, is written right after the used index: give it a moment.
         thread::sleep(Duration::from_millis(50));
     };
@@ -487,7 +481,7 @@ fn control_queue_interrupts_only_a_driver_that_asks() {
     );
     assert_eq!(r.port.ctrl_stats.snapshot().ctrl_interrupts, 0);
     g.mem.write_obj(0u16, ctlq.avail_addr()).unwrap();
-    post(2);
+    post(1);
     assert_eq!(g.call[2].read().unwrap(), 1, "the driver asked for the interrupt");
     let c = r.port.ctrl_stats.snapshot();
     assert_eq!((c.ctrl_commands, c.ctrl_interrupts), (2, 1));
