@@ -28,3 +28,18 @@ wait_for() {
         sleep 0.1
     done
 }
+
+# median X...: the median of the values.
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+# median_interval X...: a 95 % confidence interval for the median the values are drawn from,
+# without assuming a distribution: the order statistics x(k) and x(n+1-k), k the largest
+# with P(Binomial(n, 1/2) < k) <= 2.5 %. "-" below 6 values, where no such k exists.
+median_interval() {
+    printf '%s\n' "$@" | sort -g | awk '{ x[NR] = $1 }
+        END {
+            n = NR; p = 0.5 ^ n; cdf = p; k = 0
+            # cdf = P(X <= i); x(i + 1) is a lower bound while P(X <= i) stays within 2.5 %.
+            for (i = 0; i < n && cdf <= 0.025; i++) { k = i + 1; p = p * (n - i) / (i + 1); cdf += p }
+            if (k == 0) print "-"; else printf "%.3f-%.3f\n", x[k], x[n + 1 - k]
+        }'
+}
