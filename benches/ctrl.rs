@@ -1,11 +1,11 @@
 //! The control queue's round trip between two cores, as a guest driver sees it: one thread
 //! plays the Linux driver (writes the command and its indirect descriptor table, publishes
 //! the avail index, spins on the used index, reads the ack), the other serves the ring with
-//! the daemon's pieces (`pop_ctrl`, `NicState::apply`, ack, `add_used`, eviction) while
-//! polling the avail index, as the control thread does after a command. The time is the
-//! driver's, per command: what a join waits for, without TCG and QEMU around it. The
-//! baseline in the same run serves without prefetching the next command's lines
-//! (`NextLines`).
+//! the daemon's pieces (`pop_ctrl`, `NicState::parse`, ack, `add_used`, `NicState::execute`,
+//! eviction) while polling the avail index, as the control thread does after a command. The
+//! time is the driver's, per command: what a join waits for, without TCG and QEMU around it.
+//! Two baselines, each in the same run as the daemon's way: serving without prefetching the
+//! next command's lines (`NextLines`), and applying a table set before answering it.
 //!
 //! cargo bench --bench ctrl
 
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{FilterRegs, Layout};
-use dpaa_vnic::device::NicState;
+use dpaa_vnic::device::{Command, NicState};
 use dpaa_vnic::ports::vhost_user::evict::NextLines;
 use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl};
 use dpaa_vnic::wire::MacAddr;
@@ -111,8 +111,16 @@ fn drive(mem: &GuestMemoryMmap, cmd: Cmd, k: u16) {
     assert_eq!(ack, 0, "command {k} refused");
 }
 
-/// The daemon's side: poll the avail index, serve what arrives, until `stop`.
-fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, prefetch: &AtomicBool) {
+/// What the baseline leaves out of the daemon's way of serving.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    NoPrefetch,
+    ApplyFirst,
+}
+
+/// The daemon's side: poll the avail index, serve what arrives, until `stop`; as the daemon
+/// does while `shipped` is set, else without what `baseline` names.
+fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baseline: Baseline) {
     let mac = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
     let feat = Negotiated { bits: offered(1) };
     let mut nic = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
@@ -130,20 +138,29 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, prefetch: &AtomicBool) {
             std::hint::spin_loop();
             continue;
         }
-        if prefetch.load(Ordering::Relaxed) {
+        let as_shipped = shipped.load(Ordering::Relaxed);
+        if as_shipped || baseline != Baseline::NoPrefetch {
             next.prefetch(mem);
         }
         let Some((head, chain)) = pop_ctrl(&mut q, mem, &mut buf, 1 << 20) else {
             continue;
         };
         let c = chain.unwrap();
-        let ack = match nic.apply(&feat, &buf[..c.len]) {
-            Ok(_) => 0u8,
-            Err(_) => 1,
+        let answer_first = as_shipped || baseline != Baseline::ApplyFirst;
+        let (ack, later) = match nic.parse(&feat, &buf[..c.len]) {
+            Ok(table @ Command::MacTable { .. }) if answer_first => (0u8, Some(table)),
+            Ok(cmd) => {
+                nic.execute(cmd);
+                (0, None)
+            }
+            Err(_) => (1, None),
         };
         let ack_addr = c.ack.unwrap();
         mem.write_obj(ack, ack_addr).unwrap();
         q.add_used(mem, head, 1).unwrap();
+        if let Some(table) = later {
+            nic.execute(table);
+        }
         let desc = GuestAddress(DESC).checked_add(16 * u64::from(head));
         next.note(desc, desc.and_then(|d| indirect_table(mem, d)), Some(ack_addr));
         c.evict.evict(mem);
@@ -178,25 +195,27 @@ fn main() {
     pin(0);
     println!("control round trip between two threads, {ROUNDS} rounds of {BLOCK} commands per variant");
     println!(
-        "{:<22} {:>14} {:>14} {:>20}",
-        "command", "no prefetch", "as shipped", "per-round ratio"
+        "{:<22} {:>20} {:>14} {:>14} {:>20}",
+        "command", "baseline", "baseline", "as shipped", "per-round ratio"
     );
-    for (name, cmd) in [
-        ("PROMISC off", Cmd::Promisc),
-        ("MAC_TABLE_SET 1000", Cmd::Table(1000)),
+    for (name, cmd, baseline) in [
+        ("PROMISC off", Cmd::Promisc, Baseline::NoPrefetch),
+        ("MAC_TABLE_SET 1000", Cmd::Table(1000), Baseline::NoPrefetch),
+        ("MAC_TABLE_SET 1000", Cmd::Table(1000), Baseline::ApplyFirst),
+        ("MAC_TABLE_SET 10000", Cmd::Table(10000), Baseline::ApplyFirst),
     ] {
         let mem = mem();
         let stop = AtomicBool::new(false);
-        let prefetch = AtomicBool::new(false);
+        let shipped = AtomicBool::new(false);
         let (mut off, mut on, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         thread::scope(|s| {
             s.spawn(|| {
                 pin(1);
-                serve(&mem, &stop, &prefetch)
+                serve(&mem, &stop, &shipped, baseline)
             });
             let mut k = 0u16;
             let mut block = |with: bool| {
-                prefetch.store(with, Ordering::Relaxed);
+                shipped.store(with, Ordering::Relaxed);
                 // Let the setting reach the server before timing.
                 for _ in 0..8 {
                     drive(&mem, cmd, k);
@@ -223,9 +242,14 @@ fn main() {
             }
             stop.store(true, Ordering::Relaxed);
         });
+        let base = match baseline {
+            Baseline::NoPrefetch => "no prefetch",
+            Baseline::ApplyFirst => "applied, then acked",
+        };
         println!(
-            "{:<22} {:>11.0} ns {:>11.0} ns {:>20.3}",
+            "{:<22} {:>20} {:>11.0} ns {:>11.0} ns {:>20.3}",
             name,
+            base,
             median(&mut off),
             median(&mut on),
             median(&mut ratio)

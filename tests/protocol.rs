@@ -455,6 +455,40 @@ fn control_queue_applies_and_acks_commands() {
     assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
 }
 
+/// A MAC table set is answered as soon as it is checked and applied after its used entry
+/// (the guest spins until it sees the answer). By the time anything else can look (under
+/// the control lock), the tables and the filter hold it; a table that overruns its command
+/// is refused and changes nothing.
+#[test]
+fn a_table_set_is_answered_then_applied_and_a_bad_one_changes_nothing() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
+    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let ctlq = g.queue(2);
+    let group = [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03];
+    // Class MAC (1), TABLE_SET (0): no unicast entries, then `count` multicast entries.
+    let table = |count: u8| {
+        let mut cmd = vec![1, 0, 0, 0, 0, 0, count, 0, 0, 0];
+        cmd.extend_from_slice(&group);
+        cmd
+    };
+    for (pos, (count, ack)) in [(1, 0u8), (2, 1)].into_iter().enumerate() {
+        let pos = pos as u16;
+        post_ctrl_at(&g.mem, &ctlq, pos, 0x12_0000, &table(count));
+        g.kick[2].write(1).unwrap();
+        wait_until("ack", || ctlq.used().idx().load() == pos + 1);
+        let got: u8 = g.mem.read_obj(GuestAddress(0x12_0800)).unwrap();
+        assert_eq!(got, ack, "table of {count} entries for one address");
+        let nic = r.port.lock_ctrl();
+        let held: Vec<[u8; 6]> = nic.ctrl.rx.multicast.iter().map(|m| m.0).collect();
+        assert_eq!(held, vec![group]);
+        let f = nic.filter.stats();
+        assert_eq!((f.filter_syncs, f.filter_adds, f.filter_removes), (1, 1, 0));
+    }
+    let c = r.port.ctrl_stats.snapshot();
+    assert_eq!((c.ctrl_commands, c.ctrl_errors), (2, 1));
+}
+
 /// Linux gives its control ring no callback and spins for each ack, so the ring says
 /// VRING_AVAIL_F_NO_INTERRUPT: no notification, none counted. A driver that sleeps until
 /// the device answers leaves the flag clear and gets one per command, counted in

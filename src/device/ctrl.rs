@@ -64,6 +64,29 @@ pub enum CtrlOutcome {
     Rss(RssConfig),
 }
 
+/// One command, checked whole and borrowing the driver's bytes. `CtrlState::parse` decides
+/// the ack; `CtrlState::execute` cannot fail, so a caller may answer the driver between the
+/// two and do the work while the driver goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command<'a> {
+    /// CTRL_RX: one of the rx-mode flags (`VIRTIO_NET_CTRL_RX_*`), on or off.
+    RxFlag {
+        which: u32,
+        on: bool,
+    },
+    MacTable {
+        unicast: &'a [MacAddr],
+        multicast: &'a [MacAddr],
+    },
+    MacAddr(MacAddr),
+    QueuePairs(u16),
+    /// RSS_CONFIG: steering, and the TX queues in use.
+    Rss(RssConfig),
+    /// HASH_CONFIG: hash reports only.
+    HashConfig(RssConfig),
+    GuestOffloads(u64),
+}
+
 /// Device-side state the control queue can change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CtrlState {
@@ -86,6 +109,13 @@ impl CtrlState {
     /// Parses and applies one command (`class, command, data...`, ack excluded). The state is
     /// unchanged when an error is returned; the caller acks VIRTIO_NET_ERR.
     pub fn apply(&mut self, feat: &Negotiated, cmd: &[u8]) -> Result<CtrlOutcome, CtrlError> {
+        let c = self.parse(feat, cmd)?;
+        Ok(self.execute(c))
+    }
+
+    /// Checks one command against the negotiated features and this device, without changing
+    /// anything: an error here is the VIRTIO_NET_ERR ack.
+    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Command<'a>, CtrlError> {
         let (class, command, data) = match cmd {
             [class, command, data @ ..] => (*class, *command, data),
             _ => return Err(CtrlError::Truncated(cmd.len())),
@@ -121,36 +151,23 @@ impl CtrlState {
                     1 => true,
                     v => return Err(CtrlError::BadFlag(v)),
                 };
-                let m = &mut self.rx.mode;
-                let flag = match c {
-                    VIRTIO_NET_CTRL_RX_PROMISC => &mut m.promisc,
-                    VIRTIO_NET_CTRL_RX_ALLMULTI => &mut m.allmulti,
-                    VIRTIO_NET_CTRL_RX_ALLUNI => &mut m.alluni,
-                    VIRTIO_NET_CTRL_RX_NOMULTI => &mut m.nomulti,
-                    VIRTIO_NET_CTRL_RX_NOUNI => &mut m.nouni,
-                    _ => &mut m.nobcast,
-                };
-                *flag = on;
-                Ok(CtrlOutcome::RxMode)
+                Ok(Command::RxFlag { which: c, on })
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
-                // Validate both tables before touching the state, then fill the vectors already
-                // held: a join storm sends thousands of these, each with the whole list.
                 let (unicast, rest) = split_table(data)?;
                 let (multicast, rest) = split_table(rest)?;
                 if !rest.is_empty() {
                     return Err(CtrlError::BadTable("trailing bytes after the multicast table"));
                 }
-                fill_table(&mut self.rx.unicast, unicast);
-                fill_table(&mut self.rx.multicast, multicast);
-                Ok(CtrlOutcome::MacTable)
+                Ok(Command::MacTable { unicast, multicast })
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_MAC_ADDR))?;
                 exact(6)?;
-                self.rx.mac = MacAddr::from_slice(data).ok_or(CtrlError::Truncated(data.len()))?;
-                Ok(CtrlOutcome::MacAddr)
+                Ok(Command::MacAddr(
+                    MacAddr::from_slice(data).ok_or(CtrlError::Truncated(data.len()))?,
+                ))
             }
             (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => {
                 need(feat.mq())?;
@@ -159,19 +176,17 @@ impl CtrlState {
                 if n == 0 || n > self.max_queue_pairs {
                     return Err(CtrlError::BadQueuePairs(n, self.max_queue_pairs));
                 }
-                self.active_queue_pairs = n;
-                Ok(CtrlOutcome::QueuePairs(n))
+                Ok(Command::QueuePairs(n))
             }
             (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_RSS_CONFIG) => {
                 need(feat.rss())?;
-                let c = RssConfig::parse_rss(data, self.max_queue_pairs).map_err(CtrlError::Rss)?;
-                // max_tx_vq plays VQ_PAIRS_SET's part when RSS is on.
-                self.active_queue_pairs = c.max_tx_vq;
-                Ok(CtrlOutcome::Rss(c))
+                Ok(Command::Rss(
+                    RssConfig::parse_rss(data, self.max_queue_pairs).map_err(CtrlError::Rss)?,
+                ))
             }
             (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_HASH_CONFIG) => {
                 need(feat.hash_report())?;
-                Ok(CtrlOutcome::Rss(
+                Ok(Command::HashConfig(
                     RssConfig::parse_hash(data).map_err(CtrlError::Rss)?,
                 ))
             }
@@ -184,10 +199,53 @@ impl CtrlState {
                 if offloads & !(feat.bits & GUEST_OFFLOAD_MASK) != 0 {
                     return Err(CtrlError::BadOffloads(offloads));
                 }
-                self.guest_offloads = offloads;
-                Ok(CtrlOutcome::GuestOffloads(offloads))
+                Ok(Command::GuestOffloads(offloads))
             }
             _ => Err(CtrlError::Unknown { class, cmd: command }),
+        }
+    }
+
+    /// Applies a command `parse` accepted.
+    pub fn execute(&mut self, c: Command<'_>) -> CtrlOutcome {
+        match c {
+            Command::RxFlag { which, on } => {
+                let m = &mut self.rx.mode;
+                let flag = match which {
+                    VIRTIO_NET_CTRL_RX_PROMISC => &mut m.promisc,
+                    VIRTIO_NET_CTRL_RX_ALLMULTI => &mut m.allmulti,
+                    VIRTIO_NET_CTRL_RX_ALLUNI => &mut m.alluni,
+                    VIRTIO_NET_CTRL_RX_NOMULTI => &mut m.nomulti,
+                    VIRTIO_NET_CTRL_RX_NOUNI => &mut m.nouni,
+                    _ => &mut m.nobcast,
+                };
+                *flag = on;
+                CtrlOutcome::RxMode
+            }
+            Command::MacTable { unicast, multicast } => {
+                // Fill the vectors already held: a join storm sends thousands of these, each
+                // with the whole list.
+                fill_table(&mut self.rx.unicast, unicast);
+                fill_table(&mut self.rx.multicast, multicast);
+                CtrlOutcome::MacTable
+            }
+            Command::MacAddr(mac) => {
+                self.rx.mac = mac;
+                CtrlOutcome::MacAddr
+            }
+            Command::QueuePairs(n) => {
+                self.active_queue_pairs = n;
+                CtrlOutcome::QueuePairs(n)
+            }
+            Command::Rss(c) => {
+                // max_tx_vq plays VQ_PAIRS_SET's part when RSS is on.
+                self.active_queue_pairs = c.max_tx_vq;
+                CtrlOutcome::Rss(c)
+            }
+            Command::HashConfig(c) => CtrlOutcome::Rss(c),
+            Command::GuestOffloads(bits) => {
+                self.guest_offloads = bits;
+                CtrlOutcome::GuestOffloads(bits)
+            }
         }
     }
 }

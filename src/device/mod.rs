@@ -12,6 +12,6 @@ pub mod rx_state;
 pub mod snoop;
 
 pub use config::NetConfig;
-pub use ctrl::{CtrlError, CtrlOutcome};
+pub use ctrl::{Command, CtrlError, CtrlOutcome};
 pub use nic::NicState;
 pub use rx_state::{RxMode, RxState};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::ctrl::{CtrlError, CtrlOutcome, CtrlState};
+use super::ctrl::{Command, CtrlError, CtrlOutcome, CtrlState};
 use super::features::Negotiated;
 use super::filter::{Filter, FilterRegs};
 use super::rss::{Steering, SteeringCell};
@@ -76,7 +76,18 @@ impl NicState {
     /// Applies one control command and brings the filter along: only what changed reaches
     /// the filter registers.
     pub fn apply(&mut self, feat: &Negotiated, cmd: &[u8]) -> Result<CtrlOutcome, CtrlError> {
-        let outcome = self.ctrl.apply(feat, cmd)?;
+        let c = self.parse(feat, cmd)?;
+        Ok(self.execute(c))
+    }
+
+    /// Checks one control command (`CtrlState::parse`): its result is the ack.
+    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Command<'a>, CtrlError> {
+        self.ctrl.parse(feat, cmd)
+    }
+
+    /// Applies a command `parse` accepted, and brings the filter along.
+    pub fn execute(&mut self, c: Command<'_>) -> CtrlOutcome {
+        let outcome = self.ctrl.execute(c);
         match &outcome {
             CtrlOutcome::RxMode => self.filter.set_mode(self.ctrl.rx.mode),
             CtrlOutcome::MacTable => {
@@ -99,7 +110,7 @@ impl NicState {
             }
             CtrlOutcome::GuestOffloads(_) => {}
         }
-        Ok(outcome)
+        outcome
     }
 
     /// Takes the whole receive state from outside (QEMU's view, in the net attachment) and
