@@ -66,24 +66,29 @@ pub enum CtrlOutcome {
 
 /// One command, checked whole and borrowing the driver's bytes. `CtrlState::parse` decides
 /// the ack; `CtrlState::execute` cannot fail, so a caller may answer the driver between the
-/// two and do the work while the driver goes on.
+/// two and do the work while the driver goes on. Only `parse` makes them (the variants are
+/// `non_exhaustive`): `execute` trusts what they hold, a queue-pair count for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command<'a> {
     /// CTRL_RX: one of the rx-mode flags (`VIRTIO_NET_CTRL_RX_*`), on or off.
-    RxFlag {
-        which: u32,
-        on: bool,
-    },
+    #[non_exhaustive]
+    RxFlag { which: u32, on: bool },
+    #[non_exhaustive]
     MacTable {
         unicast: &'a [MacAddr],
         multicast: &'a [MacAddr],
     },
+    #[non_exhaustive]
     MacAddr(MacAddr),
+    #[non_exhaustive]
     QueuePairs(u16),
     /// RSS_CONFIG: steering, and the TX queues in use.
+    #[non_exhaustive]
     Rss(RssConfig),
     /// HASH_CONFIG: hash reports only.
+    #[non_exhaustive]
     HashConfig(RssConfig),
+    #[non_exhaustive]
     GuestOffloads(u64),
 }
 
