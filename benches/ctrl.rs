@@ -196,7 +196,7 @@ fn main() {
     println!("control round trip between two threads, {ROUNDS} rounds of {BLOCK} commands per variant");
     println!(
         "{:<22} {:>20} {:>14} {:>14} {:>20}",
-        "command", "baseline", "baseline", "as shipped", "per-round ratio"
+        "command", "baseline", "its time", "as shipped", "per-round ratio"
     );
     for (name, cmd, baseline) in [
         ("PROMISC off", Cmd::Promisc, Baseline::NoPrefetch),

@@ -163,11 +163,11 @@ accel_args() {
 # start_guest NAME MODE SOCKET_NAME INITRD_NAME [QUEUES] [MAC] [EXTRA_CHARDEV_OPTS]
 #   MODE: net (-netdev vhost-user) or device (vhost-user-test-device-pci), or qemu-tap:
 #   QEMU's own virtio-net on a tap named SOCKET_NAME, a baseline without dpaa-vnic (QEMU then
-#   runs in the namespace GUEST_NETNS, where it creates the tap), or net+device / device+net:
-#   one NIC of each attachment, the first named first on the PCI bus, SOCKET_NAME being
-#   "NET_SOCKET,DEVICE_SOCKET" (one queue pair each; the net NIC has MAC, the device NIC the
-#   one its daemon serves). GUEST_EXTRA_ARGS are added to QEMU's command line (paths inside
-#   the QEMU root: $RUN_IN_CHROOT/...).
+#   runs in the namespace GUEST_NETNS, where it creates the tap), or net+device or
+#   device+net: one NIC of each attachment, the one named first first on the PCI bus,
+#   SOCKET_NAME being "NET_SOCKET,DEVICE_SOCKET" (one queue pair each; the net NIC has MAC,
+#   the device NIC the one its daemon serves). GUEST_EXTRA_ARGS are added to QEMU's command
+#   line (paths inside the QEMU root: $RUN_IN_CHROOT/...).
 start_guest() {
     local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}
     local smp=$queues nic

@@ -4,10 +4,11 @@
  * guests cannot: how fast the host runs this guest's code, which drifts from boot to boot
  * and over seconds.
  *   vnic-mcast-pair IF_A IF_B FIRST_GROUP COUNT BLOCK
- * Each interface joins groups FIRST_GROUP .. FIRST_GROUP+COUNT-1 through a socket of its own,
- * so both lists (the socket's and the device's) grow alike. Blocks of BLOCK joins run in the
- * order A B, B A, A B, ... so that neither interface always goes first; 20 ms of sleep before
- * each block lets the previous one's device go idle. Prints, for joins and then leaves,
+ * Each interface joins groups FIRST_GROUP .. FIRST_GROUP+COUNT-1 through a socket of its
+ * own, so both lists (the socket's and the device's) grow alike. Blocks of BLOCK joins run
+ * in the order A B, B A, A B, ... so that neither interface always goes first; 20 ms of
+ * sleep before each block lets the previous one's device go idle. Prints, for joins and
+ * then leaves,
  *   VNIC-PAIR join block=K a_ms=T b_ms=T     one line per pair of blocks
  *   VNIC-PAIR join total=COUNT a_ms=T b_ms=T
  */
