@@ -429,8 +429,7 @@ fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
 #[test]
 fn control_queue_applies_and_acks_commands() {
     let r = rig();
-    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
-    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let g = ctrl_guest(&r);
     let ctlq = g.queue(2);
     let cmds: [&[u8]; 2] = [&[0, 0, 0], &[9, 9]]; // PROMISC off; an unknown class
     for (i, cmd) in cmds.iter().enumerate() {
@@ -462,8 +461,7 @@ fn control_queue_applies_and_acks_commands() {
 #[test]
 fn a_table_set_is_answered_then_applied_and_a_bad_one_changes_nothing() {
     let r = rig();
-    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
-    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let g = ctrl_guest(&r);
     let ctlq = g.queue(2);
     let group = [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03];
     // Class MAC (1), TABLE_SET (0): no unicast entries, then `count` multicast entries.
@@ -473,11 +471,7 @@ fn a_table_set_is_answered_then_applied_and_a_bad_one_changes_nothing() {
         cmd
     };
     for (pos, (count, ack)) in [(1, 0u8), (2, 1)].into_iter().enumerate() {
-        let pos = pos as u16;
-        post_ctrl_at(&g.mem, &ctlq, pos, 0x12_0000, &table(count));
-        g.kick[2].write(1).unwrap();
-        wait_until("ack", || ctlq.used().idx().load() == pos + 1);
-        let got: u8 = g.mem.read_obj(GuestAddress(0x12_0800)).unwrap();
+        let got = send_ctrl(&g, &ctlq, pos as u16, 0x12_0000, &table(count));
         assert_eq!(got, ack, "table of {count} entries for one address");
         let nic = r.port.lock_ctrl();
         let held: Vec<[u8; 6]> = nic.ctrl.rx.multicast.iter().map(|m| m.0).collect();
@@ -496,13 +490,11 @@ fn a_table_set_is_answered_then_applied_and_a_bad_one_changes_nothing() {
 #[test]
 fn control_queue_interrupts_only_a_driver_that_asks() {
     let r = rig();
-    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
-    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let g = ctrl_guest(&r);
     let ctlq = g.queue(2);
     let post = |pos: u16| {
-        post_ctrl_at(&g.mem, &ctlq, pos, 0x12_0000, &[0, 1, 1]); // ALLMULTI on
-        g.kick[2].write(1).unwrap();
-        wait_until("ack", || ctlq.used().idx().load() == pos + 1);
+        // ALLMULTI on.
+        send_ctrl(&g, &ctlq, pos, 0x12_0000, &[0, 1, 1]);
         // The call, if any, is written right after the used index: give it a moment.
         thread::sleep(Duration::from_millis(50));
     };
@@ -603,9 +595,7 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
     let promisc = || r.port.lock_ctrl().ctrl.rx.mode.promisc;
     {
         let ctlq = MockSplitQueue::create(&g.mem, GuestAddress(QBASE[2]), QSIZE);
-        post_ctrl_at(&g.mem, &ctlq, 0, base, &[0, 0, 0]); // PROMISC off
-        g.kick[2].write(1).unwrap();
-        wait_until("ack", || ctlq.used().idx().load() == 1);
+        send_ctrl(&g, &ctlq, 0, base, &[0, 0, 0]); // PROMISC off
     }
     assert!(!promisc());
 
@@ -624,10 +614,25 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
     assert_eq!((c.ctrl_commands, c.ctrl_errors), (1, 0));
     // And the new driver's first command is served as usual.
     let ctlq = MockSplitQueue::create(&g.mem, GuestAddress(QBASE[2]), QSIZE);
-    post_ctrl_at(&g.mem, &ctlq, 0, base, &[0, 0, 0]);
-    g.kick[2].write(1).unwrap();
-    wait_until("ack after reset", || ctlq.used().idx().load() == 1);
+    send_ctrl(&g, &ctlq, 0, base, &[0, 0, 0]);
     assert!(!promisc());
+}
+
+/// A guest with the control queue and rx mode negotiated, once the port has seen that this
+/// is the device attachment.
+fn ctrl_guest(r: &Rig) -> Guest {
+    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
+    wait_until("attachment", || r.port.attachment() == Some("device"));
+    g
+}
+
+/// Posts one control command at avail position `pos` (`post_ctrl_at`), kicks the control
+/// queue and waits for its used entry; returns the ack byte.
+fn send_ctrl(g: &Guest, q: &MockSplitQueue<'_, GuestMemoryMmap>, pos: u16, base: u64, cmd: &[u8]) -> u8 {
+    post_ctrl_at(&g.mem, q, pos, base, cmd);
+    g.kick[2].write(1).unwrap();
+    wait_until("control ack", || q.used().idx().load() == pos.wrapping_add(1));
+    g.mem.read_obj(GuestAddress(base + 0x800)).unwrap()
 }
 
 /// Control commands served, refused, and refused as posted before DRIVER_OK.

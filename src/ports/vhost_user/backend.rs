@@ -478,6 +478,14 @@ impl VnicBackend {
         // the tables are already in `buf`, and the guest spins until it sees the answer,
         // while the copy and the sync are O(N) in its list (about 2 us at 10 000 groups).
         let mut later = None;
+        // What applying leaves outside the control state: the log line, and the offloads the
+        // RX path reads. One place for commands applied before their answer and after it.
+        let applied = |outcome: CtrlOutcome| {
+            debug!("port {}: control command applied: {outcome:?}", port.id);
+            if let CtrlOutcome::GuestOffloads(bits) = outcome {
+                port.set_guest_offloads(bits);
+            }
+        };
         let (ack, ack_addr) = match chain {
             // Virtio forbids the driver to use the device before DRIVER_OK; a real NIC
             // answers such commands with an error and does not act on them.
@@ -497,21 +505,13 @@ impl VnicBackend {
                     (ACK_OK, c.ack)
                 }
                 Ok(cmd) => {
-                    let outcome = nic.execute(cmd);
-                    debug!("port {}: control command applied: {outcome:?}", port.id);
-                    if let CtrlOutcome::GuestOffloads(bits) = outcome {
-                        port.set_guest_offloads(bits);
-                    }
+                    applied(nic.execute(cmd));
                     (ACK_OK, c.ack)
                 }
                 Err(e) => {
                     port.ctrl_stats.ctrl_errors.inc();
                     if port.warn.allow() {
-                        warn!(
-                            "port {}: control command refused: {}",
-                            port.id,
-                            super::error_chain(&e)
-                        );
+                        warn!("port {}: control command refused: {}", port.id, error_chain(&e));
                     }
                     (ACK_ERR, c.ack)
                 }
@@ -539,8 +539,7 @@ impl VnicBackend {
         };
         q.add_used(&**mem, head, written).map_err(io::Error::other)?;
         if let Some(table) = later {
-            let outcome = nic.execute(table);
-            debug!("port {}: control command applied: {outcome:?}", port.id);
+            applied(nic.execute(table));
         }
         drop(nic);
         let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
