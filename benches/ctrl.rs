@@ -142,7 +142,7 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baselin
         if as_shipped || baseline != Baseline::NoPrefetch {
             next.prefetch(mem);
         }
-        let Some((head, chain)) = pop_ctrl(&mut q, mem, &mut buf, 1 << 20) else {
+        let Some((head, chain)) = pop_ctrl(&mut q, mem, &mut buf, 1 << 20).unwrap() else {
             continue;
         };
         let c = chain.unwrap();

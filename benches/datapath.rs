@@ -57,7 +57,7 @@ fn bench_queues(c: &mut Criterion) {
             b.iter_batched(
                 || fresh_queue(&m, &tx),
                 |mut q| {
-                    while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf) {
+                    while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf).unwrap() {
                         q.add_used(&m, t.head, 0).unwrap();
                         black_box(t.result.unwrap());
                     }

@@ -10,6 +10,8 @@ use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::{NextHop, Route, RouterIf};
+use crate::ports::vhost_user::CtrlTuning;
+use crate::unix_socket::SocketAccess;
 use crate::wire::MacAddr;
 
 /// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
@@ -119,12 +121,17 @@ pub struct RunArgs {
     /// covers the gaps of a 7.x guest, which batches its list changes in a work item.
     #[arg(long, default_value_t = 1000, value_name = "US")]
     pub ctrl_poll_us: u64,
-    /// SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a guest's kick
-    /// runs it at once even on the guest's own busy CPU; it drops to normal priority as soon
-    /// as the command is served and never polls at it. 0: sleep at normal priority. Needs
-    /// CAP_SYS_NICE or RLIMIT_RTPRIO; without them the daemon says so once and goes on.
-    #[arg(long, default_value_t = 1, value_name = "PRIO")]
+    /// Opt-in: SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a
+    /// guest's kick runs it at once even on the guest's own busy CPU; it drops to normal
+    /// priority as soon as the command is served and never polls at it. 0 (the default): the
+    /// daemon never changes its scheduling policy. Needs CAP_SYS_NICE or RLIMIT_RTPRIO.
+    #[arg(long, default_value_t = 0, value_name = "PRIO")]
     pub ctrl_wake_priority: u8,
+    /// Opt-in: after a wake-up, move the control-queue thread off a CPU where one of the
+    /// frontend's threads (read from /proc/PID/task) is runnable. Off (the default): the
+    /// daemon never changes its CPU affinity; pin it with taskset, systemd or libvirt.
+    #[arg(long)]
+    pub ctrl_placement: bool,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
     /// NIC when QEMU has several. Repeat for more ports.
@@ -147,9 +154,22 @@ pub struct RunArgs {
     /// Ports are numbered in --socket order, the tap last. Repeat for several.
     #[arg(long = "csum-action", value_name = "SPEC")]
     pub csum_actions: Vec<CsumAction>,
-    /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics.
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<std::net::SocketAddr>,
+    /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics. A bare PORT
+    /// listens on 127.0.0.1; ADDR may be a host name (`localhost`). A wildcard address
+    /// (0.0.0.0, [::]) needs --metrics-wildcard.
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    pub metrics: Option<String>,
+    /// Let --metrics listen on a wildcard address, reachable from every interface.
+    #[arg(long)]
+    pub metrics_wildcard: bool,
+    /// Permission bits of the sockets the daemon creates (--socket, --control), octal; the
+    /// owner must keep read and write. With a group (--socket-group), 0660 lets a `qemu` or
+    /// `libvirt-qemu` user in.
+    #[arg(long, default_value = "0600", value_name = "MODE")]
+    pub socket_mode: String,
+    /// Group (name or gid) given to the sockets the daemon creates.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24` or
     /// `1=fd00:2::1/64`: it answers ARP / neighbour solicitations for it there and routes
     /// between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
@@ -206,6 +226,22 @@ pub enum ConfigError {
     },
     #[error("--route needs at least one --router-ip")]
     RouteWithoutRouter,
+    #[error("--metrics {spec}: {why}")]
+    Metrics { spec: String, why: String },
+    #[error(
+        "--metrics {0} listens on every interface: name one address (127.0.0.1:PORT, or just PORT), or add --metrics-wildcard"
+    )]
+    MetricsWildcard(std::net::SocketAddr),
+    #[error("--socket-mode {0:?} is not an octal mode of at most 0777 that keeps the owner's rw bits")]
+    SocketMode(String),
+    #[error("--socket-group {0:?}: no such group")]
+    UnknownGroup(String),
+    #[error("--socket-group {name:?}: looking it up")]
+    GroupLookup {
+        name: String,
+        #[source]
+        source: nix::errno::Errno,
+    },
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -226,16 +262,61 @@ pub struct Config {
     pub control: Option<PathBuf>,
     pub filter: Layout,
     pub exact_limit: usize,
-    pub ctrl_poll_us: u64,
-    pub ctrl_wake_priority: u8,
+    pub ctrl: CtrlTuning,
     pub qmp: Vec<QmpSpec>,
     /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
     pub snoop: Option<Option<std::time::Duration>>,
     pub csum_actions: Vec<CsumAction>,
     pub tap_csum: bool,
     pub metrics: Option<std::net::SocketAddr>,
+    /// Mode and group of the sockets the daemon creates.
+    pub socket_access: SocketAccess,
     pub router_ips: Vec<RouterIf>,
     pub routes: Vec<Route>,
+}
+
+/// `--socket-mode`: octal permission bits that let the owner read and write.
+fn parse_mode(s: &str) -> Result<u32, ConfigError> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 && m & 0o600 == 0o600 => Ok(m),
+        _ => Err(ConfigError::SocketMode(s.to_string())),
+    }
+}
+
+/// `--socket-group`: a group name, or a numeric gid.
+fn resolve_group(s: &str) -> Result<nix::unistd::Gid, ConfigError> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(nix::unistd::Gid::from_raw(gid));
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid),
+        Ok(None) => Err(ConfigError::UnknownGroup(s.to_string())),
+        Err(source) => Err(ConfigError::GroupLookup {
+            name: s.to_string(),
+            source,
+        }),
+    }
+}
+
+/// `--metrics`: `PORT` (loopback), `ADDR:PORT` or `HOST:PORT`; a wildcard only if allowed.
+fn metrics_addr(spec: &str, wildcard: bool) -> Result<std::net::SocketAddr, ConfigError> {
+    use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+    let bad = |why: String| ConfigError::Metrics {
+        spec: spec.to_string(),
+        why,
+    };
+    let addr = match spec.parse::<u16>() {
+        Ok(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Err(_) => spec
+            .to_socket_addrs()
+            .map_err(|e| bad(format!("not [ADDR:]PORT ({e})")))?
+            .next()
+            .ok_or_else(|| bad("the name has no address".into()))?,
+    };
+    if addr.ip().is_unspecified() && !wildcard {
+        return Err(ConfigError::MetricsWildcard(addr));
+    }
+    Ok(addr)
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -331,6 +412,15 @@ impl TryFrom<RunArgs> for Config {
                 return Err(ConfigError::DuplicateSocket(s.display().to_string()));
             }
         }
+        let metrics = a
+            .metrics
+            .as_deref()
+            .map(|spec| metrics_addr(spec, a.metrics_wildcard))
+            .transpose()?;
+        let socket_access = SocketAccess {
+            mode: parse_mode(&a.socket_mode)?,
+            group: a.socket_group.as_deref().map(resolve_group).transpose()?,
+        };
         let guests = a
             .sockets
             .into_iter()
@@ -348,15 +438,19 @@ impl TryFrom<RunArgs> for Config {
             control: a.control,
             filter: a.filter,
             exact_limit: a.exact_limit,
-            ctrl_poll_us: a.ctrl_poll_us,
-            ctrl_wake_priority: a.ctrl_wake_priority,
+            ctrl: CtrlTuning {
+                poll: std::time::Duration::from_micros(a.ctrl_poll_us),
+                wake_priority: a.ctrl_wake_priority,
+                placement: a.ctrl_placement,
+            },
             qmp: a.qmp,
             snoop: a
                 .snoop
                 .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
             csum_actions: a.csum_actions,
             tap_csum: a.tap_csum == "on",
-            metrics: a.metrics,
+            metrics,
+            socket_access,
             router_ips: a.router_ips,
             routes: a.routes,
         })
@@ -378,7 +472,27 @@ mod tests {
         assert_eq!(c.queue_pairs, 1);
         assert_eq!(c.mtu, 1500);
         assert_eq!(c.guests[1].mac.to_string(), "52:54:00:d0:aa:02");
-        assert_eq!(c.ctrl_wake_priority, 1);
+        assert_eq!(c.socket_access, SocketAccess::default());
+        assert_eq!(c.metrics, None);
+        // Nothing about the daemon's scheduling changes unless asked for.
+        assert_eq!(c.ctrl.wake_priority, 0);
+        assert!(!c.ctrl.placement);
+    }
+
+    #[test]
+    fn metrics_listen_on_loopback_unless_told_otherwise() {
+        let m = |args: &[&str]| {
+            parse(&[&["--socket", "a"], args].concat()).map(|c| c.metrics.unwrap().to_string())
+        };
+        assert_eq!(m(&["--metrics", "9100"]).unwrap(), "127.0.0.1:9100");
+        assert_eq!(m(&["--metrics", "127.0.0.1:9100"]).unwrap(), "127.0.0.1:9100");
+        assert!(m(&["--metrics", "localhost:9100"]).unwrap().ends_with(":9100"));
+        assert_eq!(
+            m(&["--metrics", "[::]:9100", "--metrics-wildcard"]).unwrap(),
+            "[::]:9100"
+        );
+        let c = parse(&["--socket", "a", "--socket-mode", "0660", "--socket-group", "0"]).unwrap();
+        assert_eq!(c.socket_access.mode, 0o660);
     }
 
     #[test]
@@ -389,8 +503,12 @@ mod tests {
             Err(ConfigError::CtrlWakePriority(100))
         );
         assert_eq!(
-            parse(&["--socket", "a", "--ctrl-wake-priority", "0"]).map(|c| c.ctrl_wake_priority),
-            Ok(0)
+            parse(&["--socket", "a", "--ctrl-wake-priority", "1", "--ctrl-placement"]).map(|c| c.ctrl),
+            Ok(CtrlTuning {
+                poll: std::time::Duration::from_millis(1),
+                wake_priority: 1,
+                placement: true
+            })
         );
         assert_eq!(
             parse(&["--socket", "a", "--queues", "0"]),
@@ -450,6 +568,24 @@ mod tests {
             parse(&["--socket", "a", "--exact-limit", "0"]),
             Err(ConfigError::ExactLimit(0))
         );
+        assert!(matches!(
+            parse(&["--socket", "a", "--metrics", "0.0.0.0:9100"]),
+            Err(ConfigError::MetricsWildcard(_))
+        ));
+        for bad in ["0400", "1777", "rw", "0o1000", ""] {
+            assert_eq!(
+                parse(&["--socket", "a", "--socket-mode", bad]),
+                Err(ConfigError::SocketMode(bad.into()))
+            );
+        }
+        assert_eq!(
+            parse(&["--socket", "a", "--socket-group", "no-such-group-here"]),
+            Err(ConfigError::UnknownGroup("no-such-group-here".into()))
+        );
+        assert!(matches!(
+            parse(&["--socket", "a", "--metrics", "host:notaport"]),
+            Err(ConfigError::Metrics { .. })
+        ));
         assert_eq!(
             parse(&["--socket", "a", "--filter", "dtsec-ext"]).unwrap().filter,
             Layout::DtsecExtended

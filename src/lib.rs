@@ -6,11 +6,16 @@
 //! - [`pipeline`]: per-packet work (the learning switch);
 //! - [`ports`]: I/O (vhost-user queues, tap); the only layer that touches fds and vrings;
 //! - [`control`] and [`config`]: control socket, statistics and the command line.
+//!
+//! Shared by every layer: [`stats`] (per-thread counters) and [`unix_socket`] (listening
+//! sockets created with the access asked for).
 
 pub mod config;
 pub mod control;
 pub mod device;
+pub mod logging;
 pub mod pipeline;
 pub mod ports;
 pub mod stats;
+pub mod unix_socket;
 pub mod wire;

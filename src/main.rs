@@ -16,10 +16,10 @@ use dpaa_vnic::pipeline::router::RouteTable;
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::Switch;
 use dpaa_vnic::ports::tap::TapPort;
-use dpaa_vnic::ports::vhost_user::{error_chain, FilterConfig, GuestPort};
+use dpaa_vnic::ports::vhost_user::{error_chain, sigbus, FilterConfig, GuestPort};
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    dpaa_vnic::logging::init();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Ctl(c)) => {
@@ -52,6 +52,10 @@ fn main() -> ExitCode {
 
 fn run(cfg: Config) -> ExitCode {
     log::debug!("configuration: {cfg:?}");
+    // A frontend that truncates its memory file under a mapping must not kill every port.
+    if let Err(e) = sigbus::install() {
+        log::warn!("guest memory fault guard not installed (a shrunk memory file will kill the daemon): {e}");
+    }
     // Only what this process bound is removed on exit, never another daemon's live socket.
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
@@ -72,8 +76,6 @@ fn run(cfg: Config) -> ExitCode {
         let filter = FilterConfig {
             layout: cfg.filter,
             exact_limit: cfg.exact_limit,
-            ctrl_poll: std::time::Duration::from_micros(cfg.ctrl_poll_us),
-            ctrl_wake_priority: cfg.ctrl_wake_priority,
             snoop: cfg.snoop,
         };
         let port = Arc::new(GuestPort::new(
@@ -82,9 +84,10 @@ fn run(cfg: Config) -> ExitCode {
             cfg.queue_pairs,
             net,
             filter,
+            cfg.ctrl,
             switch.clone(),
         ));
-        match port.bind() {
+        match port.bind(cfg.socket_access) {
             Ok(l) => {
                 owned.push(g.socket.clone());
                 listeners.push(l);
@@ -125,9 +128,10 @@ fn run(cfg: Config) -> ExitCode {
     let daemon = Arc::new(Daemon {
         ports: ports.clone(),
         switch: switch.clone(),
+        refused: Default::default(),
     });
     if let Some(path) = &cfg.control {
-        if let Err(e) = ControlServer::new(daemon.clone()).start(path) {
+        if let Err(e) = ControlServer::new(daemon.clone()).start(path, cfg.socket_access) {
             error!("{}", error_chain(&e));
             cleanup(&owned);
             return ExitCode::FAILURE;

@@ -117,38 +117,96 @@ impl Tally {
     }
 }
 
-/// Every worker's tally, for summing on read. Workers register once, when they start.
+/// Every live worker's tally, for summing on read, and what ended workers counted.
 #[derive(Debug)]
 pub struct Tallies {
     ports: usize,
     queues: usize,
-    all: Mutex<Vec<Arc<Tally>>>,
+    all: Mutex<Registry>,
+}
+
+#[derive(Debug)]
+struct Registry {
+    live: Vec<Arc<Tally>>,
+    /// The final counts of workers that ended, per (port, queue) block.
+    retired: Vec<QueueSnapshot>,
+}
+
+/// A worker's registered tally. Dropped when the worker ends (with its connection, for a
+/// guest port's workers): its counts are then folded into the per-port totals, so totals
+/// never go backwards and the list summed on read holds only live workers.
+#[derive(Debug)]
+pub struct TallyHandle {
+    tally: Arc<Tally>,
+    all: Arc<Tallies>,
+}
+
+impl TallyHandle {
+    /// The tally itself, to read while the handle is borrowed elsewhere.
+    pub fn share(&self) -> Arc<Tally> {
+        self.tally.clone()
+    }
+}
+
+impl std::ops::Deref for TallyHandle {
+    type Target = Tally;
+
+    fn deref(&self) -> &Tally {
+        &self.tally
+    }
+}
+
+impl Drop for TallyHandle {
+    fn drop(&mut self) {
+        let mut reg = self.all.lock();
+        reg.live.retain(|t| !Arc::ptr_eq(t, &self.tally));
+        for (sum, block) in reg.retired.iter_mut().zip(&self.tally.blocks) {
+            *sum += block.snapshot();
+        }
+    }
 }
 
 impl Tallies {
-    pub fn new(ports: usize, queues: usize) -> Self {
-        Tallies {
-            ports,
-            queues: queues.max(1),
-            all: Mutex::new(Vec::new()),
+    pub fn new(ports: usize, queues: usize) -> Arc<Self> {
+        let t = Tally::new(ports, queues);
+        Arc::new(Tallies {
+            ports: ports.max(1),
+            queues: t.queues,
+            all: Mutex::new(Registry {
+                live: Vec::new(),
+                retired: vec![QueueSnapshot::default(); t.blocks.len()],
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.all.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A tally for a new worker thread, counted until the handle is dropped and kept in the
+    /// totals after.
+    pub fn register(self: &Arc<Self>) -> TallyHandle {
+        let t = Arc::new(Tally::new(self.ports, self.queues));
+        self.lock().live.push(t.clone());
+        TallyHandle {
+            tally: t,
+            all: self.clone(),
         }
     }
 
-    /// A tally for a new worker thread. Tallies are kept after their worker ends, so counts
-    /// survive reconnects.
-    pub fn register(&self) -> Arc<Tally> {
-        let t = Arc::new(Tally::new(self.ports, self.queues));
-        self.all.lock().unwrap_or_else(|p| p.into_inner()).push(t.clone());
-        t
+    /// Workers counting now.
+    pub fn live(&self) -> usize {
+        self.lock().live.len()
     }
 
-    /// `port`'s counters per queue, summed over all workers.
+    /// `port`'s counters per queue: ended workers' totals plus every live worker's.
     pub fn port(&self, port: usize) -> Vec<QueueSnapshot> {
-        let all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        let reg = self.lock();
         (0..self.queues)
             .map(|q| {
-                let mut s = QueueSnapshot::default();
-                for t in all.iter() {
+                let i = (port * self.queues + q).min(reg.retired.len() - 1);
+                let mut s = reg.retired[i];
+                for t in reg.live.iter() {
                     s += t.at(port, q).snapshot();
                 }
                 s
@@ -156,6 +214,58 @@ impl Tallies {
             .collect()
     }
 }
+
+/// A counter that any thread may bump: for rare events, where a locked add costs nothing.
+#[derive(Debug, Default)]
+pub struct EventCounter(AtomicU64);
+
+impl EventCounter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+macro_rules! event_counters {
+    ($(#[$doc:meta])* $name:ident, $snap:ident { $($(#[$fdoc:meta])* $field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Default)]
+        pub struct $name {
+            $($(#[$fdoc])* pub $field: EventCounter,)*
+        }
+
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+        pub struct $snap {
+            $(pub $field: u64,)*
+        }
+
+        impl $name {
+            pub fn snapshot(&self) -> $snap {
+                $snap { $($field: self.$field.get(),)* }
+            }
+        }
+    };
+}
+
+event_counters!(
+    /// What a guest port's frontends did to it, counted by whichever thread saw it.
+    ConnStats, ConnSnapshot {
+        /// Frontends accepted on the port's socket.
+        connections,
+        /// Queues found with impossible indexes and no longer served until the frontend
+        /// restarts them or reconnects.
+        rings_broken,
+        /// Messages the relay refused (oversized, too many fds, memory regions longer than
+        /// their files); each ends the connection or is answered with an error.
+        frontend_refused,
+        /// Guest memory that vanished under its mapping (a file truncated after
+        /// SET_MEM_TABLE): the access read zeros and the connection was ended.
+        memory_faults,
+    }
+);
 
 /// Counters of a port's control path (device attachment only).
 #[derive(Debug, Default)]
@@ -220,6 +330,24 @@ mod tests {
         t += b.snapshot();
         assert_eq!((t.tx_packets, t.tx_bytes, t.rx_packets), (3, 60, 0));
         assert_eq!(std::mem::align_of::<QueueStats>(), 64);
+    }
+
+    #[test]
+    fn an_ended_worker_s_counts_stay_in_the_totals() {
+        let all = Tallies::new(1, 2);
+        let w1 = all.register();
+        w1.at(0, 1).tx_packets.add(5);
+        let w2 = all.register();
+        w2.at(0, 1).tx_packets.add(2);
+        assert_eq!((all.port(0)[1].tx_packets, all.live()), (7, 2));
+        drop(w1);
+        assert_eq!((all.port(0)[1].tx_packets, all.live()), (7, 1));
+        // A thousand connections come and go: the list summed on read stays one long.
+        for _ in 0..1000 {
+            let w = all.register();
+            w.at(0, 0).rx_packets.inc();
+        }
+        assert_eq!((all.port(0)[0].rx_packets, all.live()), (1000, 1));
     }
 
     #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -14,29 +14,20 @@ use std::time::Duration;
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
-use dpaa_vnic::ports::vhost_user::{FilterConfig, GuestPort};
-use dpaa_vnic::stats::Tally;
+use dpaa_vnic::ports::vhost_user::{CtrlTuning, FilterConfig, GuestPort};
+use dpaa_vnic::stats::{Tally, TallyHandle};
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures};
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use vhost::vhost_user::message::VhostUserConfigFlags;
+use vhost::vhost_user::VhostUserFrontend;
+use vhost::VhostBackend;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{
-    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
-    MmapRegion,
-};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use common::frontend::*;
 use common::wait_until;
 
-const MEM_SIZE: usize = 0x20_0000;
-const QSIZE: u16 = 16;
 const HDR: usize = 12;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-/// Queue base addresses (guest physical) for RX, TX and control.
-const QBASE: [u64; 3] = [0x1000, 0x4000, 0x8000];
 
 /// Port 1 of the switch: records what the guest port forwards.
 #[derive(Default)]
@@ -54,7 +45,7 @@ struct Rig {
     port: Arc<GuestPort>,
     sink: Arc<Sink>,
     /// The test's own worker counters, for frames it sends into the port.
-    tally: Arc<Tally>,
+    tally: TallyHandle,
 }
 
 fn rig() -> Rig {
@@ -70,16 +61,25 @@ fn rig() -> Rig {
     let filter = FilterConfig {
         layout: Layout::Memac,
         exact_limit: 4096,
-        ctrl_poll: std::time::Duration::from_micros(200),
-        // As the daemon runs by default: the control thread sleeps at real-time priority.
-        ctrl_wake_priority: 1,
         snoop: None,
     };
-    let port = Arc::new(GuestPort::new(0, path.clone(), 1, cfg, filter, switch.clone()));
+    let ctrl = CtrlTuning {
+        poll: std::time::Duration::from_micros(200),
+        ..Default::default()
+    };
+    let port = Arc::new(GuestPort::new(
+        0,
+        path.clone(),
+        1,
+        cfg,
+        filter,
+        ctrl,
+        switch.clone(),
+    ));
     let sink = Arc::new(Sink::default());
     switch.attach(0, port.clone());
     switch.attach(1, sink.clone());
-    let listener = port.bind().unwrap();
+    let listener = port.bind(Default::default()).unwrap();
     let p = port.clone();
     thread::spawn(move || p.serve(listener));
     Rig {
@@ -89,126 +89,6 @@ fn rig() -> Rig {
         sink,
         tally: switch.tallies().register(),
     }
-}
-
-fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
-}
-
-/// A connected, fully set up frontend with shared guest memory, like QEMU after boot.
-struct Guest {
-    fe: Frontend,
-    mem: GuestMemoryMmap,
-    kick: Vec<EventFd>,
-    call: Vec<EventFd>,
-    /// Where the guest memory is mapped in this process (vhost-user speaks these addresses).
-    host_base: u64,
-}
-
-impl Guest {
-    /// The driver's view of queue `i`. Creating it initialises the rings, so each test
-    /// makes it once, before the first chain.
-    fn queue(&self, i: usize) -> MockSplitQueue<'_, GuestMemoryMmap> {
-        MockSplitQueue::create(&self.mem, GuestAddress(QBASE[i]), QSIZE)
-    }
-
-    fn connect(path: &Path, features: u64) -> Guest {
-        Guest::connect_enabling(path, features, &[0, 1, 2], 0)
-    }
-
-    /// Sets up all three rings as QEMU does, but enables only `enabled`; the control ring
-    /// starts at avail index `ctrl_base` (0 for a fresh driver, more for a reconnect).
-    fn connect_enabling(path: &Path, features: u64, enabled: &[usize], ctrl_base: u16) -> Guest {
-        let mut fe = Frontend::connect(path, 3).unwrap();
-        fe.set_owner().unwrap();
-        let offered = fe.get_features().unwrap();
-        assert_eq!(
-            features & !offered,
-            0,
-            "asking for features the device does not offer"
-        );
-        let pf = fe.get_protocol_features().unwrap();
-        let want = VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK;
-        assert!(pf.contains(want));
-        fe.set_protocol_features(pf & want).unwrap();
-        assert_eq!(fe.get_queue_num().unwrap(), 3);
-
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(MEM_SIZE as u64).unwrap();
-        let region = MmapRegion::<()>::from_file(FileOffset::new(file, 0), MEM_SIZE).unwrap();
-        let mem = GuestMemoryMmap::from_regions(vec![GuestRegionMmap::new(region, GuestAddress(0)).unwrap()])
-            .unwrap();
-        let r = mem.find_region(GuestAddress(0)).unwrap();
-        let host_base = r.get_host_address(vm_memory::MemoryRegionAddress(0)).unwrap() as u64;
-        fe.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(r).unwrap()])
-            .unwrap();
-
-        let mut g = Guest {
-            fe,
-            mem,
-            kick: Vec::new(),
-            call: Vec::new(),
-            host_base,
-        };
-        for (i, base) in QBASE.iter().enumerate() {
-            let q = MockSplitQueue::create(&g.mem, GuestAddress(*base), QSIZE);
-            if i == 2 {
-                // Where the previous backend left it; the backend reads it at SET_VRING_ADDR.
-                q.used().idx().store(ctrl_base);
-            }
-            g.kick.push(EventFd::new(EFD_NONBLOCK).unwrap());
-            g.call.push(EventFd::new(EFD_NONBLOCK).unwrap());
-            g.set_up_ring(i, if i == 2 { ctrl_base } else { 0 });
-        }
-        g.fe.set_features(features).unwrap();
-        for &i in enabled {
-            enable(&mut g.fe, i);
-        }
-        g
-    }
-
-    /// QEMU's messages for one ring, short of the enable.
-    fn set_up_ring(&mut self, i: usize, base: u16) {
-        // MockSplitQueue's layout: descriptors, then the avail ring, then the used ring at
-        // a 4-byte boundary QSIZE bytes (not entries: the 0.18 quirk the tests stay clear
-        // of) past the avail entries. vhost-user carries the frontend's virtual addresses.
-        let desc = self.host_base + QBASE[i];
-        let avail = desc + 16 * u64::from(QSIZE);
-        let used = (avail + 4 + u64::from(QSIZE)).next_multiple_of(4);
-        let cfg = VringConfigData {
-            queue_max_size: QSIZE,
-            queue_size: QSIZE,
-            flags: 0,
-            desc_table_addr: desc,
-            used_ring_addr: used,
-            avail_ring_addr: avail,
-            log_addr: None,
-        };
-        self.fe.set_vring_num(i, QSIZE).unwrap();
-        self.fe.set_vring_addr(i, &cfg).unwrap();
-        self.fe.set_vring_base(i, base).unwrap();
-        self.fe.set_vring_call(i, &self.call[i]).unwrap();
-        self.fe.set_vring_kick(i, &self.kick[i]).unwrap();
-    }
-
-    /// Stops ring `i` and starts it again where it stopped, as QEMU does around a VM pause;
-    /// returns that index.
-    fn pause_and_resume_ring(&mut self, i: usize) -> u16 {
-        let stopped = self.fe.get_vring_base(i).unwrap() as u16;
-        self.set_up_ring(i, stopped);
-        enable(&mut self.fe, i);
-        stopped
-    }
-}
-
-/// Enables ring `i` and waits for the backend's answer, as QEMU does from the vCPU thread
-/// that wrote DRIVER_OK.
-fn enable(fe: &mut Frontend, i: usize) {
-    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-    fe.set_vring_enable(i, true).unwrap();
-    fe.set_hdr_flags(VhostUserHeaderFlag::empty());
 }
 
 /// Posts two 2 KiB receive buffers and kicks, as a driver does after DRIVER_OK.
@@ -236,12 +116,6 @@ fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: Virtio
         rxq.used().idx().load() == 1
     });
 }
-
-const VERSION_1: u64 = 1 << 32;
-const MRG_RXBUF: u64 = 1 << 15;
-const CTRL_VQ: u64 = 1 << 17;
-const CTRL_RX: u64 = 1 << 18;
-const PROTOCOL_FEATURES: u64 = 1 << 30;
 
 fn frame(dst: &str, len: usize) -> Vec<u8> {
     let mut f = dst.parse::<MacAddr>().unwrap().0.to_vec();

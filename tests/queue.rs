@@ -70,12 +70,12 @@ fn tx_chain_with_gaps_is_gathered_in_order() {
     .unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
-    let t = pop_tx(&mut q, &m, HDR, &mut buf).unwrap();
+    let t = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
     assert_eq!(t.head, 0);
     let n = t.result.unwrap();
     assert_eq!(n, HDR + 100);
     assert_eq!(&buf[HDR..n], &f[..]);
-    assert!(pop_tx(&mut q, &m, HDR, &mut buf).is_none());
+    assert!(pop_tx(&mut q, &m, HDR, &mut buf).unwrap().is_none());
 }
 
 #[test]
@@ -92,7 +92,11 @@ fn tx_indirect_chain() {
     publish(&vq, &[(0, d(table.0, 32, F_INDIRECT, 0))], &[0]);
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
-    let n = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().result.unwrap();
+    let n = pop_tx(&mut q, &m, HDR, &mut buf)
+        .unwrap()
+        .unwrap()
+        .result
+        .unwrap();
     assert_eq!(&buf[HDR..n], &f[..]);
 }
 
@@ -128,7 +132,7 @@ fn tx_malformed_chains_are_refused_and_the_queue_goes_on() {
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
     let mut results = Vec::new();
-    while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf) {
+    while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf).unwrap() {
         q.add_used(&m, t.head, 0).unwrap();
         results.push((t.head, t.result));
     }
@@ -262,7 +266,7 @@ fn promisc_on(m: &GuestMemoryMmap) -> [RawDescriptor; 3] {
 /// Pops the `promisc_on` command from head 0 and checks what the control thread reads.
 fn pop_promisc_on(q: &mut Queue, m: &GuestMemoryMmap) -> CtrlChain {
     let mut buf = Vec::new();
-    let (head, c) = pop_ctrl(q, m, &mut buf, 1 << 20).unwrap();
+    let (head, c) = pop_ctrl(q, m, &mut buf, 1 << 20).unwrap().unwrap();
     let c = c.unwrap();
     assert_eq!(
         (head, &buf[..c.len], c.ack),
@@ -332,7 +336,7 @@ fn ctrl_table_buffers_are_noted_for_eviction() {
     .unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = Vec::new();
-    let (_, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap();
+    let (_, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap().unwrap();
     let c = c.unwrap();
     assert_eq!(c.len, 2 + 1204 + 4);
     assert_eq!(c.evict.ranges(), &[(GuestAddress(0x2_1000), 1204)]);
@@ -356,14 +360,14 @@ fn ctrl_malformed_chains() {
     .unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = Vec::new();
-    let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap();
+    let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().unwrap();
     assert!(matches!(r, Err(ChainError::WrongDirection)));
-    let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap();
+    let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().unwrap();
     assert!(matches!(r, Err(ChainError::TooLong(1024))));
-    assert!(pop_ctrl(&mut q, &m, &mut buf, 1024).is_none());
+    assert!(pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().is_none());
     // Putting a popped chain back works as the RX path expects.
     q.go_to_previous_position();
-    assert!(pop_ctrl(&mut q, &m, &mut buf, 1 << 20).is_some());
+    assert!(pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap().is_some());
 }
 
 /// Many MTU-sized frames, each in its own 2 KiB buffer, then one too many.

@@ -4,6 +4,7 @@
 //! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`, and the same three
 //! for `route`. Answers are objects; failures carry an `"error"` key.
 
+pub mod bounded;
 pub mod client;
 pub mod metrics;
 pub mod qmp;

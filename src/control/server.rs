@@ -1,32 +1,47 @@
 //! Serves the control socket on its own threads; never touches the data path's locks.
+//!
+//! Each client gets a thread of its own, up to [`MAX_CLIENTS`] at once; a request is one
+//! line of at most [`LINE_LIMITS`]`.max` bytes (the limit is per line, so a monitor may keep
+//! one connection for as long as it likes), and a client that says nothing for
+//! [`LINE_LIMITS`]`.idle`, or takes longer than `.request` over one line, is disconnected.
+//! Refusals are answered with a JSON error, counted, and logged at most once a second.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use log::{debug, warn};
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::bounded::{Framed, Limits, ReadError, Slots};
 use super::view::{self, PortRef};
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::{NextHop, Route};
 use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
+use crate::ports::WarnLimiter;
+use crate::unix_socket::{self, SocketAccess, SocketError};
 
-/// Longest request line accepted.
-const MAX_REQUEST: u64 = 64 * 1024;
+/// Control clients served at once; one more is told so and closed.
+pub const MAX_CLIENTS: usize = 16;
+
+/// One request line: its size, how long a client may idle between requests, and how long
+/// one line may take once begun.
+pub const LINE_LIMITS: Limits = Limits {
+    max: 64 * 1024,
+    idle: Duration::from_secs(120),
+    request: Duration::from_secs(10),
+};
 
 #[derive(Debug, Error)]
 pub enum ControlError {
-    #[error("binding control socket {path}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("control socket")]
+    Bind(#[source] SocketError),
     #[error("spawning control thread")]
     Spawn(#[source] io::Error),
 }
@@ -43,6 +58,16 @@ struct Request {
 pub struct Daemon {
     pub ports: Vec<PortRef>,
     pub switch: Arc<Switch>,
+    /// Clients of the control socket and of `--metrics` that were refused (over the cap,
+    /// oversized or slow requests).
+    pub refused: ClientRefusals,
+}
+
+/// Counts of refused clients, by server.
+#[derive(Debug, Default)]
+pub struct ClientRefusals {
+    pub control: AtomicU64,
+    pub metrics: AtomicU64,
 }
 
 pub struct ControlServer {
@@ -54,41 +79,63 @@ impl ControlServer {
         ControlServer { daemon }
     }
 
-    /// Binds `path` (replacing a stale socket file) and serves it from a background thread.
-    pub fn start(&self, path: &Path) -> Result<(), ControlError> {
-        if path.exists() && UnixStream::connect(path).is_err() {
-            let _ = std::fs::remove_file(path);
-        }
-        let listener = UnixListener::bind(path).map_err(|source| ControlError::Bind {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    /// Binds `path` (replacing a stale socket, never anything else) with `access`, and
+    /// serves it from a background thread.
+    pub fn start(&self, path: &Path, access: SocketAccess) -> Result<(), ControlError> {
+        let listener = unix_socket::bind(path, access).map_err(ControlError::Bind)?;
         let daemon = self.daemon.clone();
         thread::Builder::new()
             .name("vnic-control".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    match conn {
-                        Ok(s) => {
-                            let daemon = daemon.clone();
-                            let spawned =
-                                thread::Builder::new()
-                                    .name("vnic-ctl-conn".into())
-                                    .spawn(move || {
-                                        if let Err(e) = serve_client(&daemon, s) {
-                                            debug!("control client: {e}");
-                                        }
-                                    });
-                            if let Err(e) = spawned {
-                                warn!("control: cannot spawn client thread: {e}");
-                            }
-                        }
-                        Err(e) => warn!("control: accept failed: {e}"),
-                    }
-                }
-            })
+            .spawn(move || accept_loop(listener, daemon))
             .map_err(ControlError::Spawn)?;
         Ok(())
+    }
+}
+
+fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
+    let slots = Slots::new(MAX_CLIENTS);
+    let warn_limit = WarnLimiter::default();
+    let refuse = |mut s: UnixStream, why: &str| {
+        daemon.refused.control.fetch_add(1, Ordering::Relaxed);
+        if warn_limit.allow() {
+            warn!("control: {why}");
+        }
+        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = s.write_all(error_line(why).as_bytes());
+    };
+    for conn in listener.incoming() {
+        let s = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                if warn_limit.allow() {
+                    warn!("control: accept failed: {e}");
+                }
+                // EMFILE and the like: give the process a moment instead of spinning.
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let Some(slot) = slots.take() else {
+            refuse(
+                s,
+                &format!("too many control clients (at most {MAX_CLIENTS} at once)"),
+            );
+            continue;
+        };
+        let d = daemon.clone();
+        let spawned = thread::Builder::new()
+            .name("vnic-ctl-conn".into())
+            .spawn(move || {
+                let _slot = slot;
+                if let Err(e) = serve_client(&d, s) {
+                    debug!("control client: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            if warn_limit.allow() {
+                warn!("control: cannot spawn client thread: {e}");
+            }
+        }
     }
 }
 
@@ -171,7 +218,7 @@ fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::V
 pub fn answer(d: &Daemon, line: &str) -> String {
     let reply = match serde_json::from_str::<Request>(line) {
         Ok(r) => match r.cmd.as_str() {
-            "stats" => serde_json::to_value(view::stats(&d.ports)),
+            "stats" => serde_json::to_value(view::stats(d)),
             "filter" => serde_json::to_value(view::filter(&d.ports)),
             "action-list" => serde_json::to_value(view::actions(&d.switch)),
             "action-add" => edit_actions(d, true, r.arg.as_deref()),
@@ -189,15 +236,34 @@ pub fn answer(d: &Daemon, line: &str) -> String {
     }
 }
 
+fn error_line(msg: &str) -> String {
+    let mut out = serde_json::json!({ "error": msg }).to_string();
+    out.push('\n');
+    out
+}
+
 fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
     let mut w = s.try_clone()?;
-    let mut r = BufReader::new(io::Read::take(s, MAX_REQUEST));
-    let mut line = String::new();
-    while r.read_line(&mut line)? > 0 {
-        let mut out = answer(d, line.trim());
-        out.push('\n');
-        w.write_all(out.as_bytes())?;
-        line.clear();
+    w.set_write_timeout(Some(LINE_LIMITS.request))?;
+    let mut r = Framed::new(s, LINE_LIMITS);
+    loop {
+        match r.next(b"\n") {
+            Ok(Some(line)) => {
+                let mut out = match std::str::from_utf8(&line) {
+                    Ok(text) => answer(d, text.trim()),
+                    Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }).to_string(),
+                };
+                out.push('\n');
+                w.write_all(out.as_bytes())?;
+            }
+            Ok(None) => return Ok(()),
+            // A client that went quiet between requests just leaves.
+            Err(ReadError::Idle(_)) => return Ok(()),
+            Err(e) => {
+                d.refused.control.fetch_add(1, Ordering::Relaxed);
+                let _ = w.write_all(error_line(&e.to_string()).as_bytes());
+                return Err(io::Error::other(e));
+            }
+        }
     }
-    Ok(())
 }

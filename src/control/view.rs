@@ -1,15 +1,17 @@
 //! JSON views of the daemon's ports for `ctl stats` and `ctl filter`. Key names are stable.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::Daemon;
 use crate::device::filter::model::{FilterStats, FilterView as HwFilterView};
 use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
-use crate::stats::{CtrlSnapshot, QueueSnapshot};
+use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 use crate::wire::MacAddr;
 
 /// A port as the control socket sees it.
@@ -38,7 +40,17 @@ pub struct PortStats {
     #[serde(flatten)]
     pub ctrl: CtrlSnapshot,
     #[serde(flatten)]
+    pub conn: ConnSnapshot,
+    #[serde(flatten)]
     pub filter: FilterStats,
+}
+
+/// Clients of the control socket and of `--metrics` refused (over the cap, oversized,
+/// slow or malformed requests).
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct RefusedView {
+    pub control: u64,
+    pub metrics: u64,
 }
 
 #[derive(Serialize)]
@@ -46,6 +58,7 @@ pub struct StatsView {
     pub ports: Vec<PortStats>,
     pub totals: QueueSnapshot,
     pub ctrl_commands: u64,
+    pub clients_refused: RefusedView,
 }
 
 fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
@@ -61,13 +74,17 @@ fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
     (v, total)
 }
 
-pub fn stats(ports: &[PortRef]) -> StatsView {
+pub fn stats(d: &Daemon) -> StatsView {
     let mut view = StatsView {
         ports: Vec::new(),
         totals: QueueSnapshot::default(),
         ctrl_commands: 0,
+        clients_refused: RefusedView {
+            control: d.refused.control.load(Ordering::Relaxed),
+            metrics: d.refused.metrics.load(Ordering::Relaxed),
+        },
     };
-    for p in ports {
+    for p in &d.ports {
         let ps = match p {
             PortRef::Guest(g) => {
                 let (queues, totals) = queues(g.stats());
@@ -81,6 +98,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     queues,
                     totals,
                     ctrl: g.ctrl_stats.snapshot(),
+                    conn: g.conn_stats.snapshot(),
                     filter,
                 }
             }
@@ -95,6 +113,7 @@ pub fn stats(ports: &[PortRef]) -> StatsView {
                     queues,
                     totals,
                     ctrl: CtrlSnapshot::default(),
+                    conn: ConnSnapshot::default(),
                     filter: FilterStats::default(),
                 }
             }

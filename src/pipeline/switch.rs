@@ -71,7 +71,7 @@ pub struct Switch {
     ports: Vec<OnceLock<Arc<dyn Egress>>>,
     fdb: Fdb,
     rules: LiveRules,
-    tallies: Tallies,
+    tallies: Arc<Tallies>,
 }
 
 /// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
@@ -110,7 +110,7 @@ impl Switch {
     }
 
     /// Every worker's counters: register a worker with it, sum a port's counters from it.
-    pub fn tallies(&self) -> &Tallies {
+    pub fn tallies(&self) -> &Arc<Tallies> {
         &self.tallies
     }
 
@@ -254,6 +254,7 @@ impl Switch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::TallyHandle;
     use std::sync::Mutex;
 
     #[derive(Default)]
@@ -286,7 +287,7 @@ mod tests {
     /// One worker: its tally and its route cache, kept across the frames it forwards.
     struct Worker<'a> {
         sw: &'a Switch,
-        tally: Arc<Tally>,
+        tally: TallyHandle,
         routes: RouteCache,
     }
 
@@ -382,7 +383,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(w.go(0, lying), Forwarded::Dropped);
-        let st = w.tally.clone();
+        let st = w.tally.share();
         let c = st.at(0, 0);
         assert_eq!((c.csum_failed.get(), c.csum_updated.get()), (1, 0));
         assert_eq!(w.go(0, bad_iph_frame()), Forwarded::Flooded);
@@ -432,7 +433,7 @@ mod tests {
         fn arp_then_route_with_a_per_queue_cache() {
             let (sw, sinks) = router();
             let mut w = Worker::new(&sw);
-            let st = w.tally.clone();
+            let st = w.tally.share();
             let mut go = |port: usize, f: Vec<u8>| w.go(port, f);
             // A asks for its gateway: the router answers on port 0 and learns A.
             let mut req = Vec::new();
@@ -572,7 +573,7 @@ mod tests {
             let sw = Switch::with_rules(Rules::with_router(2, Vec::new(), table));
             let sinks = plug(&sw);
             let mut w = Worker::new(&sw);
-            let st = w.tally.clone();
+            let st = w.tally.share();
             let mut go = |port: usize, f: Vec<u8>| w.go(port, f);
             let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
             let (a_ip, b_ip) = (ip6("fd00:1::2"), ip6("fd00:2::2"));

@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
 
+pub mod frontend;
+
 use std::thread;
 use std::time::{Duration, Instant};
 

@@ -2,30 +2,35 @@
 //! config space, and the per-queue TX and control work.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use log::{debug, info, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu, Seen};
-use super::proxy::EnableWatch;
-use super::queue::{indirect_table, pop_ctrl, pop_tx, wants_interrupt};
+use super::proxy::{ProxyError, RelayWatch};
+use super::queue::{add_used, indirect_table, pop_ctrl, pop_tx, wants_interrupt, BrokenRings, RingError};
+use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{Command, CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
-use crate::stats::Tally;
+use crate::stats::TallyHandle;
 use crate::wire::virtio_net_hdr::GSO_NONE;
 use crate::wire::VirtioNetHdr;
 
@@ -35,6 +40,11 @@ const TX_BUF: usize = 20 + 14 + 8 + 65_535;
 /// Largest control command we read: 64 Ki multicast entries fit with room to spare.
 const CTRL_MAX: usize = 1 << 20;
 const QUEUE_SIZE: usize = 1024;
+/// TX chains a worker serves per wake-up before it goes back to its event loop (and so
+/// notices a disconnect) and comes round again: Linux vhost-net's VHOST_NET_PKT_WEIGHT.
+const TX_BUDGET: usize = 256;
+/// Control commands served per wake-up, likewise (each may be a table of 64 Ki entries).
+const CTRL_BUDGET: usize = 64;
 
 struct Session {
     port: Arc<GuestPort>,
@@ -42,6 +52,8 @@ struct Session {
     acked: AtomicU64,
     /// One eventfd per worker thread, fired once at start so each thread reports its vrings.
     attach: Vec<EventFd>,
+    /// One eventfd per worker thread, fired when it stopped at its budget with work left.
+    again: Vec<EventFd>,
     /// Every vring by queue index, as the worker threads reported them.
     captured: Mutex<Vec<Option<Vring>>>,
     /// False while the frontend enables the control ring and waits: the control thread
@@ -54,6 +66,27 @@ struct Session {
     ctrl_resume: AtomicBool,
     /// Per worker thread: only that thread locks its own buffer.
     scratch: Vec<Mutex<Worker>>,
+    /// Queues the driver broke; also in the published RX path.
+    broken: Arc<BrokenRings>,
+    /// The reading ends of the worker threads' exit events. vhost-user-backend 0.24 takes
+    /// each with `into_raw_fd` and never closes it (event_loop.rs, `VringEpollHandler::new`),
+    /// so the session closes them when it ends, after every worker has been joined.
+    exit_fds: Mutex<Vec<RawFd>>,
+    /// The frontend's socket, shut down to end the connection from here.
+    frontend: UnixStream,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let fds = std::mem::take(self.exit_fds.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            // SAFETY: the number came from an eventfd this session made in `exit_event`,
+            // whose only other holder, a worker's epoll set, is gone: the session outlives
+            // every worker (each holds a clone of the backend) and the handler joins them
+            // before it drops. Nothing else knows the number, so this is its only owner.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
 }
 
 /// What one worker thread owns: its frame buffer, its route cache, its counters. Only that thread
@@ -61,12 +94,20 @@ struct Session {
 struct Worker {
     buf: Vec<u8>,
     routes: RouteCache,
-    /// This thread's counters (registered with the switch, summed on read).
-    tally: Arc<Tally>,
+    /// This thread's counters (registered with the switch, summed on read, folded into the
+    /// port's totals when the connection ends).
+    tally: TallyHandle,
     /// Control thread only: where the next command is likely to be read from.
     next_ctrl: NextLines,
     /// Control thread only: its CPU and priority around its sleeps (placement.rs).
     ctrl_cpu: CtrlCpu,
+}
+
+/// Whether a worker finished what its ring held or stopped at its budget.
+#[derive(Debug, PartialEq, Eq)]
+enum Burst {
+    Done,
+    More,
 }
 
 #[derive(Clone)]
@@ -86,20 +127,31 @@ impl VnicBackend {
         port: Arc<GuestPort>,
         mem: GuestMemoryAtomic<vm_memory::GuestMemoryMmap>,
         frontend_pid: Option<u32>,
+        frontend: UnixStream,
     ) -> io::Result<Self> {
         let threads = usize::from(port.queue_pairs) + 1;
-        let allowed = CpuSet::of_current_thread()
-            .inspect_err(|e| {
-                warn!(
-                    "port {}: the control thread will not leave the guest's CPU: {}",
-                    port.id,
-                    error_chain(e)
-                )
-            })
-            .ok();
-        let attach = (0..threads)
-            .map(|_| EventFd::new(EFD_NONBLOCK))
-            .collect::<io::Result<Vec<_>>>()?;
+        let tuning = port.ctrl_tuning;
+        // Without --ctrl-placement there is no CPU set to move within: the thread stays
+        // wherever the scheduler and the orchestrator's affinity put it.
+        let allowed = if tuning.placement {
+            CpuSet::of_current_thread()
+                .inspect_err(|e| {
+                    warn!(
+                        "port {}: the control thread will not leave the guest's CPU: {}",
+                        port.id,
+                        error_chain(e)
+                    )
+                })
+                .ok()
+        } else {
+            None
+        };
+        let events = || {
+            (0..threads)
+                .map(|_| EventFd::new(EFD_NONBLOCK))
+                .collect::<io::Result<Vec<_>>>()
+        };
+        let (attach, again) = (events()?, events()?);
         let scratch = (0..threads)
             .map(|_| {
                 Mutex::new(Worker {
@@ -107,7 +159,7 @@ impl VnicBackend {
                     routes: RouteCache::default(),
                     tally: port.switch.tallies().register(),
                     next_ctrl: NextLines::default(),
-                    ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, port.ctrl_wake_priority),
+                    ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, tuning.wake_priority),
                 })
             })
             .collect();
@@ -117,12 +169,35 @@ impl VnicBackend {
             mem,
             acked: AtomicU64::new(0),
             attach,
+            again,
             captured: Mutex::new(vec![None; queues]),
             ctrl_open: AtomicBool::new(true),
             ctrl_early: AtomicU16::new(0),
             ctrl_resume: AtomicBool::new(false),
             scratch,
+            broken: Arc::default(),
+            exit_fds: Mutex::new(Vec::new()),
+            frontend,
         })))
+    }
+
+    /// The session's guest memory, for the SIGBUS monitor (sigbus.rs).
+    pub fn mem_owner(&self) -> Weak<dyn MemOwner> {
+        let w: Weak<Session> = Arc::downgrade(&self.0);
+        w
+    }
+
+    pub fn again_event(&self, thread: usize) -> RawFd {
+        self.0.again[thread].as_raw_fd()
+    }
+
+    pub fn again_event_id(&self) -> u64 {
+        self.attach_event_id() + 1
+    }
+
+    /// Comes back to `thread`'s rings once its event loop has looked at its other events.
+    fn come_again(&self, thread: usize) -> io::Result<()> {
+        self.0.again[thread].write(1)
     }
 
     pub fn attach_event(&self, thread: usize) -> RawFd {
@@ -190,7 +265,9 @@ impl VnicBackend {
         }
         let rx: Option<Vec<Vring>> = cap.iter().step_by(2).take(self.pairs()).cloned().collect();
         if let (true, Some(all)) = (thread < self.pairs(), rx) {
-            self.0.port.publish(all, self.0.mem.clone());
+            self.0
+                .port
+                .publish(all, self.0.mem.clone(), self.0.broken.clone());
             debug!(
                 "port {}: rx path ready ({} queue pairs)",
                 self.0.port.id,
@@ -235,7 +312,24 @@ impl VnicBackend {
         }
     }
 
+    /// Serves TX queue `pair`: up to [`TX_BUDGET`] chains, then again later if more wait.
+    /// A queue the driver broke is marked and left alone.
     fn process_tx(&self, pair: usize, vring: &Vring, thread: usize) -> io::Result<()> {
+        let index = 2 * pair + 1;
+        if self.0.broken.is(index) {
+            return Ok(());
+        }
+        match self.tx_burst(pair, vring, thread) {
+            Ok(Burst::Done) => Ok(()),
+            Ok(Burst::More) => self.come_again(thread),
+            Err(e) => {
+                self.0.port.ring_broken(&self.0.broken, index, &e);
+                Ok(())
+            }
+        }
+    }
+
+    fn tx_burst(&self, pair: usize, vring: &Vring, thread: usize) -> Result<Burst, RingError> {
         let port = &self.0.port;
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
@@ -249,23 +343,27 @@ impl VnicBackend {
             buf.resize(TX_BUF, 0);
         }
         // Interrupt the driver only for chains actually returned.
-        let mut returned = false;
-        loop {
-            vring.disable_notification().map_err(io::Error::other)?;
+        let mut returned = 0usize;
+        let burst = 'wake: loop {
+            vring.disable_notification().map_err(RingError)?;
             loop {
+                if returned == TX_BUDGET {
+                    // Notifications stay off: this thread comes back by itself.
+                    break 'wake Burst::More;
+                }
                 // Pop and return the chain in one short critical section: the vring lock must
                 // not be held while the frame goes to other ports.
                 let popped = {
                     let mut st = vring.get_mut();
                     let q = st.get_queue_mut();
-                    let t = pop_tx(q, &*mem, hdr_len, buf);
+                    let t = pop_tx(q, &*mem, hdr_len, buf)?;
                     if let Some(t) = &t {
-                        q.add_used(&*mem, t.head, 0).map_err(io::Error::other)?;
+                        add_used(q, &*mem, t.head, 0)?;
                     }
                     t
                 };
                 let Some(t) = popped else { break };
-                returned = true;
+                returned += 1;
                 match t.result {
                     Ok(n) => {
                         stats.tx_packets.inc();
@@ -308,21 +406,49 @@ impl VnicBackend {
                     }
                 }
             }
-            if !vring.enable_notification().map_err(io::Error::other)? {
-                break;
+            if !vring.enable_notification().map_err(RingError)? {
+                break Burst::Done;
             }
+        };
+        if returned > 0 && self.wants_interrupt(vring)? {
+            self.signal(vring);
         }
-        if returned && self.wants_interrupt(vring)? {
-            vring.signal_used_queue()?;
-        }
-        Ok(())
+        Ok(burst)
     }
 
+    /// Interrupts the driver. The call eventfd is non-blocking (memcheck.rs): a frontend that
+    /// let its counter fill only loses the interrupt.
+    fn signal(&self, vring: &Vring) {
+        if let Err(e) = vring.signal_used_queue() {
+            let port = &self.0.port;
+            if port.warn.allow() {
+                warn!("port {}: signalling the driver: {e}", port.id);
+            }
+        }
+    }
+
+    /// Serves the control queue: up to [`CTRL_BUDGET`] commands, then again later if more
+    /// wait. A queue the driver broke is marked and left alone.
     fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
         if !self.0.ctrl_open.load(Ordering::Acquire) {
             // The kick is gone; `enabled` sends this thread back here.
             return Ok(());
         }
+        let index = self.negotiated().ctrl_queue_index(self.0.port.queue_pairs);
+        if self.0.broken.is(index) {
+            return Ok(());
+        }
+        match self.ctrl_burst(vring, thread) {
+            Ok(Burst::Done) => Ok(()),
+            Ok(Burst::More) => self.come_again(thread),
+            Err(e) => {
+                self.0.port.ring_broken(&self.0.broken, index, &e);
+                Ok(())
+            }
+        }
+    }
+
+    fn ctrl_burst(&self, vring: &Vring, thread: usize) -> Result<Burst, RingError> {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
@@ -332,12 +458,13 @@ impl VnicBackend {
             ctrl_cpu,
             ..
         } = &mut *worker;
-        let window = self.0.port.ctrl_poll;
+        let window = self.0.port.ctrl_tuning.poll;
         let mut woken = true;
+        let mut served_total = 0usize;
         loop {
-            vring.disable_notification().map_err(io::Error::other)?;
+            vring.disable_notification().map_err(RingError)?;
             let mut served = false;
-            while self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
+            while served_total < CTRL_BUDGET && self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
                 if !served {
                     if woken {
                         self.0.port.ctrl_stats.ctrl_wakeups.inc();
@@ -346,11 +473,15 @@ impl VnicBackend {
                     self.settle(ctrl_cpu);
                 }
                 served = true;
+                served_total += 1;
             }
             woken = false;
             if served && self.wants_interrupt(vring)? {
                 self.0.port.ctrl_stats.ctrl_interrupts.inc();
-                vring.signal_used_queue()?;
+                self.signal(vring);
+            }
+            if served_total == CTRL_BUDGET {
+                return Ok(Burst::More);
             }
             // A driver changing its address lists sends several commands back to back and
             // busy-waits on each ack: polling the ring a little while (notifications still
@@ -361,15 +492,14 @@ impl VnicBackend {
             }
             // With EVENT_IDX this publishes avail_event: without it the driver would never
             // kick again and spin forever on its next command.
-            if !vring.enable_notification().map_err(io::Error::other)? {
+            if !vring.enable_notification().map_err(RingError)? {
                 if let Err(e) = ctrl_cpu.asleep(served && !window.is_zero()) {
                     // Once per connection: the thread does not try again.
                     info!("port {}: control thread: {}", self.0.port.id, error_chain(&e));
                 }
-                break;
+                return Ok(Burst::Done);
             }
         }
-        Ok(())
     }
 
     /// After the first command since a sleep: off the guest's CPU, back to normal priority
@@ -401,10 +531,10 @@ impl VnicBackend {
         }
     }
 
-    fn wants_interrupt(&self, vring: &Vring) -> io::Result<bool> {
+    fn wants_interrupt(&self, vring: &Vring) -> Result<bool, RingError> {
         let mem = self.0.mem.memory();
         let mut st = vring.get_mut();
-        wants_interrupt(st.get_queue_mut(), &*mem).map_err(io::Error::other)
+        wants_interrupt(st.get_queue_mut(), &*mem)
     }
 
     /// Spins up to `window` for a new available descriptor; true if one arrived.
@@ -452,12 +582,12 @@ impl VnicBackend {
         mem: &vm_memory::GuestMemoryLoadGuard<vm_memory::GuestMemoryMmap>,
         buf: &mut Vec<u8>,
         next: &mut NextLines,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, RingError> {
         let port = &self.0.port;
         let t0 = Instant::now();
         let mut st = vring.get_mut();
         let q = st.get_queue_mut();
-        let Some((head, chain)) = pop_ctrl(q, &**mem, buf, CTRL_MAX) else {
+        let Some((head, chain)) = pop_ctrl(q, &**mem, buf, CTRL_MAX)? else {
             return Ok(false);
         };
         port.ctrl_stats.ctrl_commands.inc();
@@ -537,7 +667,7 @@ impl VnicBackend {
             },
             None => 0,
         };
-        q.add_used(&**mem, head, written).map_err(io::Error::other)?;
+        add_used(q, &**mem, head, written)?;
         if let Some(table) = later {
             applied(nic.execute(table));
         }
@@ -603,7 +733,16 @@ impl VhostUserBackend for VnicBackend {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
+            .inspect_err(|e| warn!("port {}: exit event: {e}", self.0.port.id))
+            .ok()?;
+        // Closed by the session once the workers are gone (see `Session::exit_fds`).
+        self.0
+            .exit_fds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
     }
 
     fn handle_event(
@@ -621,21 +760,54 @@ impl VhostUserBackend for VnicBackend {
             self.capture(thread_id, vrings);
             return self.resume_ctrl(thread_id, vrings);
         }
-        let local = usize::from(device_event);
-        let Some(vring) = vrings.get(local) else {
+        if u64::from(device_event) == self.again_event_id() {
+            let _ = self.0.again[thread_id].read();
+            for (local, vring) in vrings.iter().enumerate() {
+                self.serve(thread_id, local, vring)?;
+            }
             return Ok(());
-        };
-        match self.role(self.global(thread_id, local)) {
-            Role::Rx => Ok(()),
-            Role::Tx(pair) => self.process_tx(pair, vring, thread_id),
-            Role::Ctrl => self.process_ctrl(vring, thread_id),
+        }
+        let local = usize::from(device_event);
+        match vrings.get(local) {
+            Some(vring) => self.serve(thread_id, local, vring),
+            None => Ok(()),
         }
     }
 }
 
+impl VnicBackend {
+    /// Serves vring `local` of worker `thread` by its role.
+    fn serve(&self, thread: usize, local: usize, vring: &Vring) -> io::Result<()> {
+        match self.role(self.global(thread, local)) {
+            Role::Rx => Ok(()),
+            Role::Tx(pair) => self.process_tx(pair, vring, thread),
+            Role::Ctrl => self.process_ctrl(vring, thread),
+        }
+    }
+}
+
+impl MemOwner for Session {
+    fn owns(&self, addr: usize) -> bool {
+        self.mem.memory().iter().any(|r| {
+            let start = r.as_ptr() as usize;
+            addr >= start && addr - start < r.len() as usize
+        })
+    }
+
+    fn fault(&self, addr: usize) {
+        let port = &self.port;
+        port.conn_stats.memory_faults.inc();
+        warn!(
+            "port {}: guest memory at {addr:#x} is gone (its file shrank after it was mapped); ending the connection",
+            port.id
+        );
+        let _ = self.frontend.shutdown(Shutdown::Both);
+    }
+}
+
 /// The relay's view of ring starts: see `proxy` for why an acknowledged enable is the moment
-/// the guest's DRIVER_OK is known.
-impl EnableWatch for VnicBackend {
+/// the guest's DRIVER_OK is known; and of the rings it programs and the messages it refuses.
+impl RelayWatch for VnicBackend {
     fn enabling(&self, index: u32) {
         let pairs = self.pairs();
         let i = index as usize;
@@ -686,6 +858,18 @@ impl EnableWatch for VnicBackend {
             if let Err(e) = self.trigger_attach(thread) {
                 warn!("port {}: waking the control thread: {e}", s.port.id);
             }
+        }
+    }
+
+    fn ring_reset(&self, index: u32) {
+        self.0.broken.clear(index as usize);
+    }
+
+    fn refused(&self, why: &ProxyError) {
+        let port = &self.0.port;
+        port.conn_stats.frontend_refused.inc();
+        if port.warn.allow() {
+            warn!("port {}: frontend message refused: {}", port.id, error_chain(why));
         }
     }
 }

@@ -2,16 +2,19 @@
 
 mod backend;
 pub mod evict;
+mod memcheck;
 pub mod placement;
 pub mod proxy;
 pub mod queue;
+pub mod sigbus;
 
 use std::io;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use log::{info, trace, warn};
@@ -23,7 +26,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use self::backend::VnicBackend;
-use self::queue::{push_rx, wants_interrupt, RxError};
+use self::queue::{push_rx, wants_interrupt, BrokenRings, RingError, RxError};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
@@ -33,7 +36,8 @@ use crate::device::rss::{Steered, SteeringCell};
 use crate::device::NicState;
 use crate::pipeline::gso;
 use crate::pipeline::{Egress, Packet, Switch};
-use crate::stats::{CtrlStats, QueueSnapshot, QueueStats, Tally};
+use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, QueueStats, Tally, TallyHandle};
+use crate::unix_socket::{self, SocketAccess};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
@@ -49,19 +53,13 @@ type Vring = VringRwLock<Mem>;
 
 #[derive(Debug, Error)]
 pub enum VhostPortError {
-    #[error("binding {path}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("another process is serving {0}")]
-    InUse(PathBuf),
+    #[error("guest port socket")]
+    Bind(#[source] unix_socket::SocketError),
     // vhost_user_backend::Error implements Display but not std::error::Error, so it is
     // carried and printed rather than chained as a source.
     #[error("vhost-user daemon: {0}")]
     Daemon(vhost_user_backend::Error),
-    #[error("internal socket pair")]
+    #[error("private channel between the relay and the request handler")]
     Inner(#[source] io::Error),
     #[error("registering with the vring worker")]
     Register(#[source] io::Error),
@@ -75,13 +73,23 @@ pub struct FilterConfig {
     pub layout: Layout,
     /// Multicast entries `Layout::Exact` keeps before it falls back to allmulti.
     pub exact_limit: usize,
-    /// How long the control queue's thread keeps polling for the next command after one.
-    pub ctrl_poll: std::time::Duration,
-    /// The SCHED_FIFO priority the control thread sleeps at (0: normal priority).
-    pub ctrl_wake_priority: u8,
     /// Learn multicast groups from the guest's IGMP/MLD reports (net attachment), forgetting
     /// them after the timeout if given.
     pub snoop: Option<Option<std::time::Duration>>,
+}
+
+/// How the control queue's thread waits for commands. The defaults change nothing about the
+/// daemon's scheduling: priority and CPU placement belong to whoever runs it (libvirt,
+/// systemd, cgroups, taskset) unless the user opts in (docs/running-with-qemu.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CtrlTuning {
+    /// How long the thread keeps polling the ring for the next command after serving one.
+    pub poll: std::time::Duration,
+    /// Opt-in: the SCHED_FIFO priority the thread sleeps at (0: never changes its policy).
+    pub wake_priority: u8,
+    /// Opt-in: after a wake-up, move off a CPU where a frontend thread is runnable
+    /// (placement.rs). Off: the thread never changes its CPU affinity.
+    pub placement: bool,
 }
 
 /// What the RX side of a connected guest needs; swapped in whole when a driver attaches.
@@ -89,6 +97,8 @@ struct RxPath {
     vrings: Vec<Vring>,
     mem: Mem,
     feat: Negotiated,
+    /// The connection's broken queues: a broken RX queue takes no more frames.
+    broken: Arc<BrokenRings>,
 }
 
 /// A guest-facing port. Lives as long as the daemon; connections come and go.
@@ -98,8 +108,10 @@ pub struct GuestPort {
     pub queue_pairs: u16,
     pub config: NetConfig,
     /// Counts what the snoop querier sends to this guest (that thread's own tally).
-    query_tally: Arc<Tally>,
+    query_tally: TallyHandle,
     pub ctrl_stats: CtrlStats,
+    /// What frontends did to this port: connections, broken rings, refusals, memory faults.
+    pub conn_stats: ConnStats,
     /// Control-path state (rx mode, tables, filter model): only the control queue and `ctl`
     /// touch it.
     pub ctrl: Mutex<NicState>,
@@ -115,8 +127,7 @@ pub struct GuestPort {
     rx: ArcSwapOption<RxPath>,
     switch: Arc<Switch>,
     warn: WarnLimiter,
-    ctrl_poll: std::time::Duration,
-    ctrl_wake_priority: u8,
+    ctrl_tuning: CtrlTuning,
     snooping: bool,
 }
 
@@ -127,6 +138,7 @@ impl GuestPort {
         queue_pairs: u16,
         config: NetConfig,
         filter: FilterConfig,
+        ctrl_tuning: CtrlTuning,
         switch: Arc<Switch>,
     ) -> Self {
         let regs = Arc::new(FilterRegs::new(filter.layout, config.mac));
@@ -142,6 +154,7 @@ impl GuestPort {
             config,
             query_tally: switch.tallies().register(),
             ctrl_stats: CtrlStats::default(),
+            conn_stats: ConnStats::default(),
             ctrl: Mutex::new(nic),
             regs,
             steering,
@@ -151,8 +164,7 @@ impl GuestPort {
             rx: ArcSwapOption::empty(),
             switch,
             warn: WarnLimiter::default(),
-            ctrl_poll: filter.ctrl_poll,
-            ctrl_wake_priority: filter.ctrl_wake_priority,
+            ctrl_tuning,
             snooping: filter.snoop.is_some(),
         }
     }
@@ -218,18 +230,10 @@ impl GuestPort {
         self.ctrl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Binds the socket, replacing a stale file but never a live daemon's socket.
-    pub fn bind(&self) -> Result<UnixListener, VhostPortError> {
-        if self.socket.exists() {
-            if UnixStream::connect(&self.socket).is_ok() {
-                return Err(VhostPortError::InUse(self.socket.clone()));
-            }
-            let _ = std::fs::remove_file(&self.socket);
-        }
-        UnixListener::bind(&self.socket).map_err(|source| VhostPortError::Bind {
-            path: self.socket.clone(),
-            source,
-        })
+    /// Binds the socket, replacing a stale socket file but never a live daemon's socket or
+    /// a file that is not a socket.
+    pub fn bind(&self, access: SocketAccess) -> Result<UnixListener, VhostPortError> {
+        unix_socket::bind(&self.socket, access).map_err(VhostPortError::Bind)
     }
 
     /// Serves frontends one after another, forever.
@@ -237,6 +241,7 @@ impl GuestPort {
         for conn in listener.incoming() {
             match conn {
                 Ok(stream) => {
+                    self.conn_stats.connections.inc();
                     info!("port {} ({}): frontend connected", self.id, self.socket.display());
                     self.connected.store(true, Ordering::Relaxed);
                     if let Err(e) = self.serve_connection(stream) {
@@ -248,13 +253,83 @@ impl GuestPort {
                         self.id
                     );
                 }
-                Err(e) => warn!("port {}: accept failed: {e}", self.id),
+                Err(e) => {
+                    if self.warn.allow() {
+                        warn!("port {}: accept failed: {e}", self.id);
+                    }
+                    // Out of descriptors, say: let the process breathe instead of spinning.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
         }
     }
 
     fn serve_connection(self: &Arc<Self>, frontend: UnixStream) -> Result<(), VhostPortError> {
-        let frontend_pid = match placement::peer_pid(&frontend) {
+        let frontend_pid = if self.ctrl_tuning.placement {
+            self.frontend_pid(&frontend)
+        } else {
+            None
+        };
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let own_end = frontend.try_clone().map_err(VhostPortError::Inner)?;
+        let backend = VnicBackend::new(self.clone(), mem.clone(), frontend_pid, own_end)
+            .map_err(VhostPortError::Register)?;
+        sigbus::watch(backend.mem_owner());
+        let name = format!("vnic-port{}", self.id);
+        let mut daemon =
+            VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(VhostPortError::Daemon)?;
+        // Each worker thread gets one "attach" event so the backend learns its vrings before
+        // any kick arrives (RX from other ports may come first), and an "again" event to come
+        // back to rings it left at its budget.
+        for (i, h) in daemon.get_epoll_handlers().iter().enumerate() {
+            h.register_listener(backend.attach_event(i), EventSet::IN, backend.attach_event_id())
+                .map_err(VhostPortError::Register)?;
+            h.register_listener(backend.again_event(i), EventSet::IN, backend.again_event_id())
+                .map_err(VhostPortError::Register)?;
+            backend.trigger_attach(i).map_err(VhostPortError::Register)?;
+        }
+        // The handler reads from a channel only this process can reach; the relay feeds it
+        // QEMU's messages.
+        let (mut listener, handler_side, dir) =
+            private_channel(&self.socket).map_err(VhostPortError::Inner)?;
+        daemon.start(&mut listener).map_err(VhostPortError::Daemon)?;
+        drop(listener);
+        drop(dir);
+        let relay = proxy::Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()))
+            .map_err(VhostPortError::Relay)?;
+        let result = daemon.wait();
+        relay.stop();
+        // Joins the workers; the session (exit events, counters, mappings) goes with the
+        // last of them.
+        drop(daemon);
+        drop(backend);
+        match result {
+            // The frontend hanging up is how every connection ends.
+            Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => Ok(()),
+            r => r.map_err(VhostPortError::Daemon),
+        }
+    }
+
+    /// A driver broke queue `q` of this connection (`broken`): counted and logged once,
+    /// then the queue is left alone until the frontend programs it again.
+    fn ring_broken(&self, broken: &BrokenRings, q: usize, e: &RingError) {
+        if broken.set(q) {
+            self.conn_stats.rings_broken.inc();
+            if self.warn.allow() {
+                warn!(
+                    "port {}: queue {q}: {}; not served until the frontend restarts it or reconnects",
+                    self.id,
+                    error_chain(e)
+                );
+            }
+        }
+    }
+
+    /// The frontend's process, whose threads `--ctrl-placement` keeps the control thread off.
+    fn frontend_pid(&self, frontend: &UnixStream) -> Option<u32> {
+        match placement::peer_pid(frontend) {
             Ok(Some(pid)) => Some(pid),
             Ok(None) => {
                 info!(
@@ -270,44 +345,6 @@ impl GuestPort {
                 );
                 None
             }
-        };
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let backend =
-            VnicBackend::new(self.clone(), mem.clone(), frontend_pid).map_err(VhostPortError::Register)?;
-        let name = format!("vnic-port{}", self.id);
-        let mut daemon =
-            VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(VhostPortError::Daemon)?;
-        // Each worker thread gets one "attach" event so the backend learns its vrings before
-        // any kick arrives (RX from other ports may come first).
-        for (i, h) in daemon.get_epoll_handlers().iter().enumerate() {
-            let fd = backend.attach_event(i);
-            h.register_listener(fd, EventSet::IN, backend.attach_event_id())
-                .map_err(VhostPortError::Register)?;
-            backend.trigger_attach(i).map_err(VhostPortError::Register)?;
-        }
-        // The handler reads from an in-process socket; the relay feeds it QEMU's messages.
-        // Unique per process and connection (not just per port id: tests run many ports 0).
-        static INNER: AtomicU64 = AtomicU64::new(0);
-        let seq = INNER.fetch_add(1, Ordering::Relaxed);
-        let addr =
-            SocketAddr::from_abstract_name(format!("dpaa-vnic-{}-{}-{seq}", std::process::id(), self.id))
-                .map_err(VhostPortError::Inner)?;
-        let inner = UnixListener::bind_addr(&addr).map_err(VhostPortError::Inner)?;
-        let handler_side = UnixStream::connect_addr(&addr).map_err(VhostPortError::Inner)?;
-        let mut listener = Listener::from(inner);
-        daemon.start(&mut listener).map_err(VhostPortError::Daemon)?;
-        drop(listener);
-        let relay = proxy::Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()))
-            .map_err(VhostPortError::Relay)?;
-        let result = daemon.wait();
-        relay.stop();
-        drop(daemon);
-        match result {
-            // The frontend hanging up is how every connection ends.
-            Err(vhost_user_backend::Error::HandleRequest(
-                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
-            )) => Ok(()),
-            r => r.map_err(VhostPortError::Daemon),
         }
     }
 
@@ -340,11 +377,16 @@ impl GuestPort {
         );
     }
 
-    fn publish(&self, vrings: Vec<Vring>, mem: Mem) {
+    fn publish(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
         let feat = Negotiated {
             bits: self.acked.load(Ordering::Relaxed),
         };
-        self.rx.store(Some(Arc::new(RxPath { vrings, mem, feat })));
+        self.rx.store(Some(Arc::new(RxPath {
+            vrings,
+            mem,
+            feat,
+            broken,
+        })));
     }
 
     fn set_acked(&self, bits: u64) {
@@ -353,7 +395,7 @@ impl GuestPort {
             .store(bits & GUEST_OFFLOAD_MASK, Ordering::Relaxed);
         // Refresh the published features if vrings are already known.
         if let Some(rx) = self.rx.load_full() {
-            self.publish(rx.vrings.clone(), rx.mem.clone());
+            self.publish(rx.vrings.clone(), rx.mem.clone(), rx.broken.clone());
         }
     }
 
@@ -469,6 +511,11 @@ impl GuestPort {
         } = *d;
         let mem = rx.mem.memory();
         let vring = &rx.vrings[q];
+        let index = 2 * q;
+        if rx.broken.is(index) {
+            stats.rx_dropped.inc();
+            return;
+        }
         let mut state = vring.get_mut();
         if !state.is_enabled() || !state.get_queue().ready() {
             stats.rx_dropped.inc();
@@ -518,6 +565,12 @@ impl GuestPort {
                 stats.rx_dropped.inc();
                 false
             }
+            Err(RxError::Ring(e)) => {
+                stats.rx_errors.inc();
+                drop(state);
+                self.ring_broken(&rx.broken, index, &e);
+                return;
+            }
             Err(e) => {
                 stats.rx_errors.inc();
                 if self.warn.allow() {
@@ -526,12 +579,23 @@ impl GuestPort {
                 true
             }
         };
-        if notify && wants_interrupt(state.get_queue_mut(), &*mem).unwrap_or(true) {
-            drop(state);
-            if let Err(e) = vring.signal_used_queue() {
-                if self.warn.allow() {
-                    warn!("port {}: signalling rx queue {q}: {e}", self.id);
+        if !notify {
+            return;
+        }
+        match wants_interrupt(state.get_queue_mut(), &*mem) {
+            Ok(false) => {}
+            Ok(true) => {
+                drop(state);
+                // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
+                if let Err(e) = vring.signal_used_queue() {
+                    if self.warn.allow() {
+                        warn!("port {}: signalling rx queue {q}: {e}", self.id);
+                    }
                 }
+            }
+            Err(e) => {
+                drop(state);
+                self.ring_broken(&rx.broken, index, &e);
             }
         }
     }
@@ -540,6 +604,25 @@ impl GuestPort {
 fn queue_usable(v: &Vring) -> bool {
     let s = v.get_ref();
     s.is_enabled() && s.get_queue().ready()
+}
+
+/// A listener only this process can reach, and the end connected to it: a socket in a
+/// fresh 0700 directory beside the port's own socket (writable, since the port's socket was
+/// bound there). No other user can look into the directory, let alone bind or connect, and
+/// both vanish once the handler has accepted (the caller drops the `TempDir`).
+fn private_channel(near: &Path) -> io::Result<(Listener, UnixStream, tempfile::TempDir)> {
+    let parent = near
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = tempfile::Builder::new()
+        .prefix(".dpaa-vnic-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)?;
+    let path = dir.path().join("h");
+    let listener = UnixListener::bind(&path)?;
+    let ours = UnixStream::connect(&path)?;
+    Ok((Listener::from(listener), ours, dir))
 }
 
 /// "outer: inner: innermost" for log lines.

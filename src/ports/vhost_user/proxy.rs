@@ -13,7 +13,7 @@
 //! (8.2 on) enables the rings from the vCPU thread that wrote DRIVER_OK and does not let that
 //! vCPU run on until each SET_VRING_ENABLE is acknowledged. So between a forwarded enable
 //! and its acknowledgement the driver is stopped in its DRIVER_OK write, and whatever its
-//! rings hold was posted before it. [`EnableWatch`] is told of both moments.
+//! rings hold was posted before it. [`RelayWatch`] is told of both moments.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -26,29 +26,50 @@ use std::thread::{self, JoinHandle};
 
 use log::{debug, warn};
 use thiserror::Error;
+use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, VhostUserProtocolFeatures, MAX_MSG_SIZE};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use super::memcheck::{self, FdError};
+
 const HDR_LEN: usize = 12;
-/// Bodies are small (the largest is a memory table); anything bigger is a broken peer.
-const MAX_BODY: usize = 64 * 1024;
-const MAX_FDS: usize = 32;
+/// The largest body the vhost crate accepts (a config space or a memory table); anything
+/// bigger is a broken peer.
+const MAX_BODY: usize = MAX_MSG_SIZE;
+/// Descriptors one message may carry (vhost 0.18's MAX_ATTACHED_FD_ENTRIES); the kernel
+/// drops any beyond the buffer.
+const MAX_FDS: usize = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES;
 
-const REQ_SET_FEATURES: u32 = 2;
-const REQ_SET_PROTOCOL_FEATURES: u32 = 16;
-/// VHOST_USER_PROTOCOL_F_REPLY_ACK: without it the handler answers no NEED_REPLY.
-const PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
-const REQ_SET_VRING_ENABLE: u32 = 18;
+const REQ_SET_FEATURES: u32 = FrontendReq::SET_FEATURES as u32;
+const REQ_SET_MEM_TABLE: u32 = FrontendReq::SET_MEM_TABLE as u32;
+const REQ_SET_VRING_BASE: u32 = FrontendReq::SET_VRING_BASE as u32;
+const REQ_SET_VRING_KICK: u32 = FrontendReq::SET_VRING_KICK as u32;
+const REQ_SET_VRING_CALL: u32 = FrontendReq::SET_VRING_CALL as u32;
+const REQ_SET_VRING_ERR: u32 = FrontendReq::SET_VRING_ERR as u32;
+const REQ_SET_PROTOCOL_FEATURES: u32 = FrontendReq::SET_PROTOCOL_FEATURES as u32;
+const REQ_SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
+const REQ_ADD_MEM_REG: u32 = FrontendReq::ADD_MEM_REG as u32;
+/// Without it the handler answers no NEED_REPLY.
+const PROTOCOL_F_REPLY_ACK: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
 const FLAG_VERSION: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
+const FLAG_REPLY: u32 = VhostUserHeaderFlag::REPLY.bits();
+const FLAG_NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
+/// SET_VRING_KICK/CALL/ERR: the ring index is the low byte of the body; this bit says no
+/// descriptor comes with it (vhost-user spec, "Ring descriptors").
+const VRING_NOFD: u64 = 1 << 8;
 
-/// Told when the frontend enables a ring and waits for the answer (see the module text).
-pub trait EnableWatch: Send + Sync {
+/// Told what the relay sees of the frontend that the request handler does not tell the
+/// backend (see the module text).
+pub trait RelayWatch: Send + Sync {
     /// The frontend asked to enable ring `index` and waits; called before the handler sees it.
     fn enabling(&self, index: u32);
     /// The handler has enabled ring `index`; called before the frontend gets the answer, so
     /// the guest is still stopped.
     fn enabled(&self, index: u32);
+    /// The frontend programs ring `index` anew (SET_VRING_BASE, SET_VRING_KICK), before the
+    /// handler sees it: whatever was wrong with the ring's old state is gone.
+    fn ring_reset(&self, index: u32);
+    /// The relay refused a message: answered with an error, or the connection ends.
+    fn refused(&self, why: &ProxyError);
 }
 
 #[derive(Debug, Error)]
@@ -59,6 +80,12 @@ pub enum ProxyError {
     Sys(#[source] vmm_sys_util::errno::Error),
     #[error("message body of {0} bytes exceeds {MAX_BODY}")]
     TooBig(usize),
+    #[error("request {request} refused")]
+    Refused {
+        request: u32,
+        #[source]
+        source: FdError,
+    },
     #[error("spawning relay thread")]
     Spawn(#[source] io::Error),
 }
@@ -94,6 +121,42 @@ impl Msg {
 
     fn body_u64(&self) -> Option<u64> {
         le(&self.body, 0).map(u64::from_le_bytes)
+    }
+
+    /// The ring a SET_VRING_BASE / SET_VRING_KICK programs.
+    fn ring_programmed(&self) -> Option<u32> {
+        match self.request() {
+            REQ_SET_VRING_BASE => le(&self.body, 0).map(u32::from_le_bytes),
+            REQ_SET_VRING_KICK => self.body_u64().map(|v| (v & 0xff) as u32),
+            _ => None,
+        }
+    }
+
+    /// Checks the descriptors a message carries before anything maps or polls them
+    /// (memcheck.rs).
+    fn vet(&self) -> Result<(), ProxyError> {
+        let what = match self.request() {
+            // Both bodies put their first region at byte 8 (after a count and padding, or
+            // padding alone).
+            REQ_SET_MEM_TABLE | REQ_ADD_MEM_REG => memcheck::check_regions(&self.body, 8, &self.fds),
+            r @ (REQ_SET_VRING_KICK | REQ_SET_VRING_CALL | REQ_SET_VRING_ERR) => {
+                let what = match r {
+                    REQ_SET_VRING_KICK => "kick",
+                    REQ_SET_VRING_CALL => "call",
+                    _ => "error",
+                };
+                let nofd = self.body_u64().is_some_and(|v| v & VRING_NOFD != 0);
+                match self.fds.first() {
+                    Some(f) if !nofd => memcheck::vet_eventfd(f, what),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        };
+        what.map_err(|source| ProxyError::Refused {
+            request: self.request(),
+            source,
+        })
     }
 
     /// The ring a SET_VRING_ENABLE turns on (`None` for a disable or a short body).
@@ -150,14 +213,15 @@ fn send_msg(sock: &UnixStream, m: &Msg) -> Result<(), ProxyError> {
     Ok(())
 }
 
-fn ack(request: u32) -> Msg {
+/// A REPLY_ACK answer to `request`: 0 for success, anything else for failure.
+fn ack(request: u32, status: u64) -> Msg {
     let mut hdr = [0u8; HDR_LEN];
     hdr[..4].copy_from_slice(&request.to_le_bytes());
     hdr[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
     hdr[8..12].copy_from_slice(&8u32.to_le_bytes());
     Msg {
         hdr,
-        body: vec![0; 8],
+        body: status.to_le_bytes().to_vec(),
         fds: Vec::new(),
     }
 }
@@ -175,7 +239,7 @@ impl Relay {
         name: &str,
         frontend: UnixStream,
         backend: UnixStream,
-        watch: Arc<dyn EnableWatch>,
+        watch: Arc<dyn RelayWatch>,
     ) -> Result<Relay, ProxyError> {
         let awaiting: Awaiting = Arc::default();
         let (awaiting2, watch2) = (awaiting.clone(), watch.clone());
@@ -248,7 +312,7 @@ fn frontend_to_backend(
     be: &UnixStream,
     fe_writer: &Mutex<UnixStream>,
     awaiting: &AtomicU64,
-    watch: &dyn EnableWatch,
+    watch: &dyn RelayWatch,
 ) -> Result<(), ProxyError> {
     let mut features_set = false;
     let mut reply_ack = false;
@@ -258,7 +322,7 @@ fn frontend_to_backend(
         if !features_set && req == REQ_SET_VRING_ENABLE {
             if m.flags() & FLAG_NEED_REPLY != 0 {
                 let w = fe_writer.lock().unwrap_or_else(|p| p.into_inner());
-                send_msg(&w, &ack(req))?;
+                send_msg(&w, &ack(req, 0))?;
                 m.set_flags(m.flags() & !FLAG_NEED_REPLY);
             }
             debug!("holding SET_VRING_ENABLE until SET_FEATURES");
@@ -267,6 +331,20 @@ fn frontend_to_backend(
         }
         if req == REQ_SET_PROTOCOL_FEATURES {
             reply_ack = m.body_u64().is_some_and(|f| f & PROTOCOL_F_REPLY_ACK != 0);
+        }
+        if let Err(e) = m.vet() {
+            watch.refused(&e);
+            if !(reply_ack && m.flags() & FLAG_NEED_REPLY != 0) {
+                return Err(e);
+            }
+            // The frontend waits for an answer: it gets a failure, and the handler never
+            // sees the message (its descriptors are closed here).
+            let w = fe_writer.lock().unwrap_or_else(|p| p.into_inner());
+            send_msg(&w, &ack(req, 1))?;
+            continue;
+        }
+        if let Some(i) = m.ring_programmed() {
+            watch.ring_reset(i);
         }
         // Only an enable the frontend waits on marks a moment the guest is stopped; a held
         // one (above) is acked by the relay itself and tells nothing. Without REPLY_ACK the
@@ -310,12 +388,22 @@ mod tests {
     #[derive(Default)]
     struct Log(Mutex<Vec<(&'static str, u32)>>);
 
-    impl EnableWatch for Log {
+    impl RelayWatch for Log {
         fn enabling(&self, index: u32) {
             self.0.lock().unwrap().push(("enabling", index));
         }
         fn enabled(&self, index: u32) {
             self.0.lock().unwrap().push(("enabled", index));
+        }
+        fn ring_reset(&self, index: u32) {
+            self.0.lock().unwrap().push(("reset", index));
+        }
+        fn refused(&self, why: &ProxyError) {
+            let request = match why {
+                ProxyError::Refused { request, .. } => *request,
+                _ => 0,
+            };
+            self.0.lock().unwrap().push(("refused", request));
         }
     }
 
@@ -410,10 +498,73 @@ mod tests {
         let (be, handler) = UnixStream::pair().unwrap();
         let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
         let f = tempfile::tempfile().unwrap();
-        qemu.send_with_fds(&[&msg(5, 1, &[0; 8])[..]], &[f.as_raw_fd()])
-            .unwrap();
+        f.set_len(0x1000).unwrap();
+        let m = msg(REQ_SET_MEM_TABLE, 1, &mem_table(0x1000));
+        qemu.send_with_fds(&[&m[..]], &[f.as_raw_fd()]).unwrap();
         let m = recv_msg(&handler).unwrap().unwrap();
-        assert_eq!((m.request(), m.fds.len()), (5, 1));
+        assert_eq!((m.request(), m.fds.len()), (REQ_SET_MEM_TABLE, 1));
+        relay.stop();
+    }
+
+    fn mem_table(size: u64) -> Vec<u8> {
+        let mut b = vec![1u8, 0, 0, 0, 0, 0, 0, 0];
+        for v in [0u64, size, 0x7f00_0000_0000, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn a_region_past_its_file_is_refused_and_never_reaches_the_handler() {
+        let (mut qemu, fe) = UnixStream::pair().unwrap();
+        let (be, mut handler) = UnixStream::pair().unwrap();
+        let log = Arc::new(Log::default());
+        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        let reply_ack = PROTOCOL_F_REPLY_ACK.to_le_bytes();
+        qemu.write_all(&msg(REQ_SET_PROTOCOL_FEATURES, 1, &reply_ack))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_PROTOCOL_FEATURES);
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x1000).unwrap();
+        // Waiting for an answer: it is a failure, and the handler never hears of it.
+        let m = msg(REQ_SET_MEM_TABLE, 1 | FLAG_NEED_REPLY, &mem_table(0x2000));
+        qemu.send_with_fds(&[&m[..]], &[f.as_raw_fd()]).unwrap();
+        assert_eq!(
+            read_msg(&mut qemu),
+            (
+                REQ_SET_MEM_TABLE,
+                FLAG_VERSION | FLAG_REPLY,
+                1u64.to_le_bytes().to_vec()
+            )
+        );
+        // One that fits passes.
+        let m = msg(REQ_SET_MEM_TABLE, 1, &mem_table(0x1000));
+        qemu.send_with_fds(&[&m[..]], &[f.as_raw_fd()]).unwrap();
+        let got = recv_msg(&handler).unwrap().unwrap();
+        assert_eq!((got.request(), got.fds.len()), (REQ_SET_MEM_TABLE, 1));
+        assert_eq!(log.seen(), [("refused", REQ_SET_MEM_TABLE)]);
+        // Not waiting for an answer: the connection ends.
+        let m = msg(REQ_SET_VRING_CALL, 1, &0u64.to_le_bytes());
+        qemu.send_with_fds(&[&m[..]], &[f.as_raw_fd()]).unwrap();
+        assert!(recv_msg(&handler).unwrap().is_none());
+        assert_eq!(log.seen().last(), Some(&("refused", REQ_SET_VRING_CALL)));
+        relay.stop();
+    }
+
+    #[test]
+    fn programming_a_ring_is_reported_before_the_handler_sees_it() {
+        let (mut qemu, fe) = UnixStream::pair().unwrap();
+        let (be, mut handler) = UnixStream::pair().unwrap();
+        let log = Arc::new(Log::default());
+        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        qemu.write_all(&msg(REQ_SET_VRING_BASE, 1, &state(3, 0))).unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_VRING_BASE);
+        assert_eq!(log.seen(), [("reset", 3)]);
+        // A kick without a descriptor (polling mode) is a reset too, and needs no eventfd.
+        qemu.write_all(&msg(REQ_SET_VRING_KICK, 1, &(VRING_NOFD | 1).to_le_bytes()))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_VRING_KICK);
+        assert_eq!(log.seen(), [("reset", 3), ("reset", 1)]);
         relay.stop();
     }
 

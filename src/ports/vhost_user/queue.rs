@@ -5,6 +5,8 @@
 //! iterator had to cut short (a loop, a `next` out of range, a chain longer than the queue,
 //! an unreadable indirect table) is detected because its last descriptor still says NEXT.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use thiserror::Error;
 use virtio_queue::QueueOwnedT;
 use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
@@ -36,8 +38,42 @@ pub enum ChainError {
     },
     #[error("bad virtio-net header")]
     Header(#[source] HdrError),
-    #[error("queue access")]
-    Queue(#[source] virtio_queue::Error),
+}
+
+/// The driver broke the ring itself (an available index more than a ring ahead, a head or
+/// used entry the ring cannot hold, ring memory that cannot be read): nothing more can be
+/// served from it until the frontend restarts it.
+#[derive(Debug, Error)]
+#[error("the ring cannot be served")]
+pub struct RingError(#[source] pub virtio_queue::Error);
+
+/// The queues of one connection that are broken (bit per queue index): shared by the worker
+/// that serves a queue and by every sender that writes into it. A real device would set
+/// DEVICE_NEEDS_RESET (virtio 1.2, 2.1.2); a vhost-user backend has no way to tell the
+/// frontend's status register, so the queue is simply left alone until the frontend
+/// programs it again (SET_VRING_BASE, SET_VRING_KICK) or reconnects.
+#[derive(Debug, Default)]
+pub struct BrokenRings(AtomicU64);
+
+impl BrokenRings {
+    /// Whether queue `q` is broken. Queue indexes past 63 (none: 31 pairs and the control
+    /// queue at most) count as broken.
+    #[inline]
+    pub fn is(&self, q: usize) -> bool {
+        q >= 64 || self.0.load(Ordering::Acquire) & (1 << q) != 0
+    }
+
+    /// Marks queue `q` broken; true if it was not already.
+    pub fn set(&self, q: usize) -> bool {
+        q < 64 && self.0.fetch_or(1 << q, Ordering::AcqRel) & (1 << q) == 0
+    }
+
+    /// The frontend programs queue `q` anew.
+    pub fn clear(&self, q: usize) {
+        if q < 64 {
+            self.0.fetch_and(!(1 << q), Ordering::AcqRel);
+        }
+    }
 }
 
 #[derive(Debug, Error)]
@@ -48,8 +84,27 @@ pub enum RxError {
     TooManyBuffers,
     #[error("bad receive chain")]
     Chain(#[source] ChainError),
-    #[error("queue access")]
-    Queue(#[source] virtio_queue::Error),
+    #[error("receive queue")]
+    Ring(#[source] RingError),
+}
+
+/// The next available chain: `None` when the ring is empty or not started. Unlike
+/// `pop_descriptor_chain`, which logs every refusal at ERROR (virtio-queue 0.18), an
+/// impossible available index comes back as an error for the caller to act on once.
+pub fn next_chain<'a, M: GuestMemory>(
+    q: &mut Queue,
+    mem: &'a M,
+) -> Result<Option<DescriptorChain<&'a M>>, RingError> {
+    match q.iter(mem) {
+        Ok(mut it) => Ok(it.next()),
+        Err(virtio_queue::Error::QueueNotReady) => Ok(None),
+        Err(e) => Err(RingError(e)),
+    }
+}
+
+/// Returns a chain to the driver; a failure means the used ring itself is broken.
+pub fn add_used<M: GuestMemory>(q: &mut Queue, mem: &M, head: u16, len: u32) -> Result<(), RingError> {
+    q.add_used(mem, head, len).map_err(RingError)
 }
 
 /// One transmitted chain, copied out.
@@ -62,8 +117,15 @@ pub struct TxChain {
 
 /// Copies the next available TX chain into `buf` (header first). `None` when the queue is
 /// empty. A refused chain must still be returned to the driver as used.
-pub fn pop_tx<M: GuestMemory>(q: &mut Queue, mem: &M, hdr_len: usize, buf: &mut [u8]) -> Option<TxChain> {
-    let chain = q.pop_descriptor_chain(mem)?;
+pub fn pop_tx<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    hdr_len: usize,
+    buf: &mut [u8],
+) -> Result<Option<TxChain>, RingError> {
+    let Some(chain) = next_chain(q, mem)? else {
+        return Ok(None);
+    };
     let head = chain.head_index();
     let result = copy_out(chain, mem, buf).and_then(|n| {
         if n < hdr_len {
@@ -72,7 +134,7 @@ pub fn pop_tx<M: GuestMemory>(q: &mut Queue, mem: &M, hdr_len: usize, buf: &mut 
             Ok(n)
         }
     });
-    Some(TxChain { head, result })
+    Ok(Some(TxChain { head, result }))
 }
 
 fn copy_out<M: GuestMemory>(
@@ -199,9 +261,16 @@ pub fn push_rx<M: GuestMemory>(
                 RxError::NoBuffers
             });
         }
-        let Some(chain) = q.pop_descriptor_chain(mem) else {
-            rewind(q, used);
-            return Err(RxError::NoBuffers);
+        let chain = match next_chain(q, mem) {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                rewind(q, used);
+                return Err(RxError::NoBuffers);
+            }
+            Err(e) => {
+                rewind(q, used);
+                return Err(RxError::Ring(e));
+            }
         };
         let (head, collected) = collect_rx(chain);
         let collected = collected.and_then(|rc| {
@@ -219,9 +288,9 @@ pub fn push_rx<M: GuestMemory>(
             }
             Err(e) => {
                 for rc in chains.iter().take(used).flatten() {
-                    q.add_used(mem, rc.head, 0).map_err(RxError::Queue)?;
+                    add_used(q, mem, rc.head, 0).map_err(RxError::Ring)?;
                 }
-                q.add_used(mem, head, 0).map_err(RxError::Queue)?;
+                add_used(q, mem, head, 0).map_err(RxError::Ring)?;
                 return Err(RxError::Chain(e));
             }
         }
@@ -239,8 +308,7 @@ pub fn push_rx<M: GuestMemory>(
         let take = (rc.capacity - off).min(frame.len() - src_off);
         write_at(mem, rc, off, &frame[src_off..src_off + take]).map_err(RxError::Chain)?;
         src_off += take;
-        q.add_used(mem, rc.head, (off + take) as u32)
-            .map_err(RxError::Queue)?;
+        add_used(q, mem, rc.head, (off + take) as u32).map_err(RxError::Ring)?;
     }
     Ok(used as u16)
 }
@@ -257,15 +325,15 @@ const AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Whether the driver wants an interrupt for the chains just returned: EVENT_IDX's
 /// used_event when negotiated, else the avail ring's NO_INTERRUPT flag, which virtio-queue
 /// 0.18's `needs_notification` does not look at.
-pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, virtio_queue::Error> {
+pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, RingError> {
     // Always called: it also resets the count of chains added since the last check.
-    let by_event_idx = q.needs_notification(mem)?;
+    let by_event_idx = q.needs_notification(mem).map_err(RingError)?;
     if q.event_idx_enabled() {
         return Ok(by_event_idx);
     }
     let flags: u16 = mem
         .read_obj(GuestAddress(q.avail_ring()))
-        .map_err(virtio_queue::Error::GuestMemory)?;
+        .map_err(|e| RingError(virtio_queue::Error::GuestMemory(e)))?;
     Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
 }
 
@@ -276,6 +344,9 @@ pub struct CtrlChain {
     pub ack: Option<GuestAddress>,
     pub evict: EvictList,
 }
+
+/// A popped control chain: its head, and what it holds or why it was refused.
+pub type PoppedCtrl = (u16, Result<CtrlChain, ChainError>);
 
 /// The indirect table the descriptor at `desc` refers to, if it does and can be read.
 pub fn indirect_table<M: GuestMemory>(mem: &M, desc: GuestAddress) -> Option<GuestAddress> {
@@ -290,13 +361,15 @@ pub fn pop_ctrl<M: GuestMemory>(
     mem: &M,
     buf: &mut Vec<u8>,
     max: usize,
-) -> Option<(u16, Result<CtrlChain, ChainError>)> {
-    let chain = q.pop_descriptor_chain(mem)?;
+) -> Result<Option<PoppedCtrl>, RingError> {
+    let Some(chain) = next_chain(q, mem)? else {
+        return Ok(None);
+    };
     let head = chain.head_index();
-    Some((
+    Ok(Some((
         head,
         read_ctrl(chain, mem, buf, max).map(|(len, ack, evict)| CtrlChain { len, ack, evict }),
-    ))
+    )))
 }
 
 fn read_ctrl<M: GuestMemory>(

@@ -1,0 +1,226 @@
+//! What every client connection of the control socket and of `--metrics` is held to: a cap
+//! on connections at once, and requests read with a size limit and deadlines, so that no
+//! client can hold a thread, a slot or memory for long.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+/// A cap on connections served at once. A connection holds a [`Slot`] until it ends.
+#[derive(Debug)]
+pub struct Slots {
+    used: AtomicUsize,
+    max: usize,
+}
+
+/// One taken place of [`Slots`], given back on drop.
+#[derive(Debug)]
+pub struct Slot(Arc<Slots>);
+
+impl Slots {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Slots {
+            used: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// A place for one more connection, or `None` when all are taken.
+    pub fn take(self: &Arc<Self>) -> Option<Slot> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(self.clone()))
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Why a request could not be read whole.
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error("request longer than {0} bytes")]
+    TooLong(usize),
+    #[error("no request within {0:?}")]
+    Idle(Duration),
+    #[error("request not complete within {0:?}")]
+    Slow(Duration),
+    #[error("connection closed in the middle of a request")]
+    Truncated,
+    #[error("reading the request")]
+    Io(#[source] io::Error),
+}
+
+/// The limits of one kind of request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest request, terminator included.
+    pub max: usize,
+    /// How long a connection may wait before a request's first byte.
+    pub idle: Duration,
+    /// How long a request may take from its first byte to its terminator.
+    pub request: Duration,
+}
+
+/// A stream whose reads can be given a timeout.
+pub trait TimedRead: Read {
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl TimedRead for UnixStream {
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+impl TimedRead for TcpStream {
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+/// Reads requests that end in a terminator (`\n`, `\r\n\r\n`), one after another; bytes
+/// after a terminator are kept for the next request.
+pub struct Framed<S> {
+    stream: S,
+    buf: Vec<u8>,
+    limits: Limits,
+}
+
+impl<S: TimedRead> Framed<S> {
+    pub fn new(stream: S, limits: Limits) -> Self {
+        Framed {
+            stream,
+            buf: Vec::new(),
+            limits,
+        }
+    }
+
+    /// The next request, terminator included; `None` when the client closed between
+    /// requests.
+    pub fn next(&mut self, term: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
+        let Limits { max, idle, request } = self.limits;
+        let since = Instant::now();
+        let mut first_byte = (!self.buf.is_empty()).then_some(since);
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = find(&self.buf, term).map(|p| p + term.len()) {
+                if end > max {
+                    return Err(ReadError::TooLong(max));
+                }
+                return Ok(Some(self.buf.drain(..end).collect()));
+            }
+            if self.buf.len() >= max {
+                return Err(ReadError::TooLong(max));
+            }
+            let (deadline, late) = match first_byte {
+                None => (since + idle, ReadError::Idle(idle)),
+                Some(t) => (t + request, ReadError::Slow(request)),
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(late);
+            }
+            self.stream.set_timeout(Some(left)).map_err(ReadError::Io)?;
+            // Never more than the request may still hold, so a flood is cut at `max`.
+            let room = (max + 1 - self.buf.len()).min(chunk.len());
+            match self.stream.read(&mut chunk[..room]) {
+                Ok(0) if self.buf.is_empty() => return Ok(None),
+                Ok(0) => return Err(ReadError::Truncated),
+                Ok(n) => {
+                    first_byte.get_or_insert_with(Instant::now);
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Err(late)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn limits(max: usize) -> Limits {
+        Limits {
+            max,
+            idle: Duration::from_millis(200),
+            request: Duration::from_millis(200),
+        }
+    }
+
+    #[test]
+    fn slots_cap_connections_and_come_back() {
+        let s = Slots::new(2);
+        let a = s.take().unwrap();
+        let _b = s.take().unwrap();
+        assert!(s.take().is_none());
+        drop(a);
+        assert_eq!(s.in_use(), 1);
+        assert!(s.take().is_some());
+    }
+
+    #[test]
+    fn requests_are_split_on_the_terminator_and_limited_each() {
+        let (mut c, s) = UnixStream::pair().unwrap();
+        let mut r = Framed::new(s, limits(8));
+        c.write_all(b"ab\ncd\n").unwrap();
+        assert_eq!(r.next(b"\n").unwrap().unwrap(), b"ab\n");
+        assert_eq!(r.next(b"\n").unwrap().unwrap(), b"cd\n");
+        // The limit is per request: many short ones pass however many there are.
+        for _ in 0..100 {
+            c.write_all(b"1234567\n").unwrap();
+            assert_eq!(r.next(b"\n").unwrap().unwrap().len(), 8);
+        }
+        c.write_all(b"123456789\n").unwrap();
+        assert!(matches!(r.next(b"\n"), Err(ReadError::TooLong(8))));
+    }
+
+    #[test]
+    fn a_silent_or_slow_client_times_out_and_a_closed_one_ends() {
+        let (mut c, s) = UnixStream::pair().unwrap();
+        let mut r = Framed::new(s, limits(64));
+        let t0 = Instant::now();
+        assert!(matches!(r.next(b"\n"), Err(ReadError::Idle(_))));
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        c.write_all(b"partial").unwrap();
+        assert!(matches!(r.next(b"\n"), Err(ReadError::Slow(_))));
+        drop(c);
+        assert!(matches!(r.next(b"\n"), Err(ReadError::Truncated)));
+        let (c, s) = UnixStream::pair().unwrap();
+        drop(c);
+        assert!(Framed::new(s, limits(64)).next(b"\n").unwrap().is_none());
+    }
+}

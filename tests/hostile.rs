@@ -1,0 +1,842 @@
+//! The daemon as it runs on a host, next to frontends and clients that misbehave: the real
+//! binary, driven over temp sockets with raw vhost-user messages, broken rings, shrinking
+//! guest memory, and control and metrics clients that flood, stall or lie.
+//!
+//! After every case the daemon must be alive, hold no more descriptors than before, have
+//! logged a bounded number of lines, and serve a fresh frontend on the same socket.
+
+mod common;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vhost::VhostBackend;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use common::frontend::*;
+use common::wait_until;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dpaa-vnic");
+const HDR: usize = 12;
+/// Log lines one case may cost: a connection logs two, a refusal or a broken ring one,
+/// and the rate limit (20 a second per target) caps anything a frontend repeats.
+const LOG_BUDGET: usize = 60;
+
+/// The daemon binary with a control socket, its stderr in a file.
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    socks: Vec<PathBuf>,
+    ctl: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start(ports: usize, extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socks: Vec<PathBuf> = (0..ports)
+            .map(|i| dir.path().join(format!("p{i}.sock")))
+            .collect();
+        let ctl = dir.path().join("ctl.sock");
+        let log = dir.path().join("log");
+        let mut cmd = Command::new(BIN);
+        for s in &socks {
+            cmd.arg("--socket").arg(s);
+        }
+        cmd.arg("--control").arg(&ctl).args(extra);
+        let child = cmd
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            dir,
+            socks,
+            ctl,
+            log,
+        };
+        wait_until("daemon up", || UnixStream::connect(&d.ctl).is_ok());
+        d
+    }
+
+    fn sock(&self) -> &Path {
+        &self.socks[0]
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Descriptors, threads and RSS once they hold still for half a second: a client served
+    /// a moment ago keeps a thread and its descriptors until it notices the hang-up.
+    fn settled(&self) -> (usize, usize, u64) {
+        let mut last = (self.fds(), self.threads());
+        let mut same = 0;
+        while same < 3 {
+            thread::sleep(Duration::from_millis(150));
+            let now = (self.fds(), self.threads());
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+        }
+        (last.0, last.1, self.rss_kb())
+    }
+
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count()
+    }
+
+    fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .unwrap()
+            .count()
+    }
+
+    fn rss_kb(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// User plus system CPU time, in clock ticks.
+    fn cpu_ticks(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        let after = &s[s.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = after.split(' ').collect();
+        // Fields 14 and 15 of stat; `after` starts at field 3.
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn log_lines(&self) -> usize {
+        self.log_text().lines().count()
+    }
+
+    fn ctl(&self, req: &str) -> serde_json::Value {
+        let mut s = UnixStream::connect(&self.ctl).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// A counter of port `port` from `ctl stats` (totals for queue counters).
+    fn stat(&self, port: usize, key: &str) -> u64 {
+        let v = self.ctl(r#"{"cmd":"stats"}"#);
+        let p = &v["ports"][port];
+        p.get(key)
+            .or_else(|| p["totals"].get(key))
+            .and_then(|x| x.as_u64())
+            .unwrap_or_else(|| panic!("no counter {key} in {p}"))
+    }
+
+    fn connected(&self, port: usize) -> bool {
+        self.ctl(r#"{"cmd":"stats"}"#)["ports"][port]["connected"]
+            .as_bool()
+            .unwrap()
+    }
+
+    /// Waits until port 0 has taken `n` connections in all and none is open.
+    fn wait_idle(&self, n: u64) {
+        wait_until("connection torn down", || {
+            self.stat(0, "connections") >= n && !self.connected(0)
+        });
+    }
+}
+
+/// A raw vhost-user connection.
+struct Raw(UnixStream);
+
+fn msg(req: u32, flags: u32, body: &[u8]) -> Vec<u8> {
+    let mut v = req.to_le_bytes().to_vec();
+    v.extend_from_slice(&flags.to_le_bytes());
+    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+impl Raw {
+    fn connect(path: &Path) -> Raw {
+        let s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        Raw(s)
+    }
+
+    fn send(&self, bytes: &[u8], fds: &[RawFd]) {
+        // The daemon may hang up half way: that is its right.
+        let _ = self.0.send_with_fds(&[bytes], fds);
+    }
+
+    fn recv(&mut self) -> Option<(u32, u32, Vec<u8>)> {
+        let mut hdr = [0u8; 12];
+        self.0.read_exact(&mut hdr).ok()?;
+        let w = |i: usize| u32::from_le_bytes(hdr[4 * i..4 * i + 4].try_into().unwrap());
+        let mut body = vec![0u8; w(2) as usize];
+        self.0.read_exact(&mut body).ok()?;
+        Some((w(0), w(1), body))
+    }
+
+    /// Waits for the daemon to hang up on this connection.
+    fn hung_up(&mut self) -> bool {
+        let mut b = [0u8; 64];
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            match self.0.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// The net attachment's features.
+const NET: u64 = VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES;
+
+fn frame(len: usize) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&[0x52, 0x54, 0x00, 0xd0, 0xaa, 0x09, 0x08, 0x00]);
+    f.resize(len, 0x5a);
+    f
+}
+
+/// Queues one well-formed 60-byte TX frame as the driver's `pos`th chain (descriptors
+/// `2 * pos` and the next, avail entry `pos`), and publishes it. Positions stop short of
+/// half the ring: MockSplitQueue 0.18 puts the used ring over the avail entries past that.
+fn post_tx(g: &Guest, txq: &MockSplitQueue<'_, GuestMemoryMmap>, pos: u16) {
+    assert!(pos < QSIZE / 2);
+    let slot = 2 * pos;
+    let buf = 0x10_0000 + 0x2000 * u64::from(slot);
+    g.mem.write_slice(&[0u8; HDR], GuestAddress(buf)).unwrap();
+    g.mem.write_slice(&frame(60), GuestAddress(buf + 0x1000)).unwrap();
+    txq.desc_table()
+        .store(slot, d(buf, HDR as u32, F_NEXT, slot + 1))
+        .unwrap();
+    txq.desc_table()
+        .store(slot + 1, d(buf + 0x1000, 60, 0, 0))
+        .unwrap();
+    txq.avail()
+        .ring()
+        .ref_at(usize::from(pos % QSIZE))
+        .unwrap()
+        .store(slot);
+    txq.avail().idx().store(pos.wrapping_add(1));
+}
+
+/// A new frontend on `port` sets up, sends one frame and sees it counted.
+fn fresh_frontend_works(d: &Daemon, port: usize) {
+    let before = d.stat(port, "tx_packets");
+    let g = Guest::connect(&d.socks[port], NET);
+    let txq = g.queue(1);
+    post_tx(&g, &txq, 0);
+    g.kick[1].write(1).unwrap();
+    wait_until("fresh frontend's frame counted", || {
+        d.stat(port, "tx_packets") == before + 1
+    });
+    assert_eq!(txq.used().idx().load(), 1);
+}
+
+/// What every case ends with: the daemon alive, serving, no descriptor and no more than
+/// [`LOG_BUDGET`] log lines more than before.
+struct Baseline {
+    fds: usize,
+    log: usize,
+    connections: u64,
+}
+
+impl Baseline {
+    fn take(d: &Daemon) -> Baseline {
+        let connections = d.stat(0, "connections");
+        d.wait_idle(connections);
+        Baseline {
+            fds: d.settled().0,
+            log: d.log_lines(),
+            connections,
+        }
+    }
+
+    fn check(&self, d: &mut Daemon, case: &str) {
+        assert!(d.alive(), "{case}: the daemon died:\n{}", d.log_text());
+        // Whatever the case left open is torn down before a fresh frontend gets in.
+        wait_until("the case's connection torn down", || !d.connected(0));
+        fresh_frontend_works(d, 0);
+        d.wait_idle(self.connections + 1);
+        let t0 = Instant::now();
+        let fds = loop {
+            let fds = d.settled().0;
+            if fds <= self.fds || t0.elapsed() > Duration::from_secs(10) {
+                break fds;
+            }
+        };
+        assert!(fds <= self.fds, "{case}: {fds} descriptors, {} before", self.fds);
+        let lines = d.log_lines() - self.log;
+        assert!(
+            lines <= LOG_BUDGET,
+            "{case}: {lines} log lines:\n{}",
+            d.log_text()
+        );
+    }
+}
+
+/// Runs `case` against `d` between a baseline and its check.
+fn case(d: &mut Daemon, name: &str, f: impl FnOnce(&Daemon)) {
+    let b = Baseline::take(d);
+    f(d);
+    b.check(d, name);
+}
+
+fn memfd(len: u64) -> File {
+    // SAFETY: a NUL-terminated name and no flags; the descriptor is owned by the File.
+    let fd = unsafe { libc::memfd_create(c"guest".as_ptr(), 0) };
+    assert!(fd >= 0);
+    // SAFETY: just created, owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(len).unwrap();
+    f
+}
+
+fn mem_table(regions: &[(u64, u64, u64)]) -> Vec<u8> {
+    let mut b = (regions.len() as u32).to_le_bytes().to_vec();
+    b.extend_from_slice(&[0; 4]);
+    for &(gpa, size, offset) in regions {
+        for v in [gpa, size, 0x7f00_0000_0000u64 + gpa, offset] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    b
+}
+
+const GET_FEATURES: u32 = 1;
+const SET_FEATURES: u32 = 2;
+const SET_OWNER: u32 = 3;
+const SET_MEM_TABLE: u32 = 5;
+const SET_VRING_NUM: u32 = 8;
+const SET_VRING_ADDR: u32 = 9;
+const SET_VRING_CALL: u32 = 13;
+const SET_VRING_KICK: u32 = 12;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const NEED_REPLY: u32 = 0x8;
+const REPLY_ACK: u64 = 1 << 3;
+
+/// Garbage, truncated and oversized messages, wrong versions and sizes, too many or missing
+/// descriptors, memory regions longer than their files, rings out of range, and ring
+/// descriptors that are not eventfds.
+#[test]
+fn hostile_messages_end_only_their_own_connection() {
+    let mut d = Daemon::start(1, &[]);
+    let raw = |d: &Daemon, bytes: Vec<u8>| {
+        let mut r = Raw::connect(d.sock());
+        r.send(&bytes, &[]);
+        assert!(
+            r.hung_up(),
+            "the daemon kept a connection that sent {:?}",
+            &bytes[..bytes.len().min(16)]
+        );
+    };
+    case(&mut d, "garbage", |d| {
+        raw(d, (0..64u8).map(|i| i.wrapping_mul(37)).collect())
+    });
+    case(&mut d, "truncated message", |d| {
+        let mut m = msg(SET_FEATURES, 1, &[0u8; 8]);
+        m.truncate(15);
+        let r = Raw::connect(d.sock());
+        r.send(&m, &[]);
+    });
+    case(&mut d, "wrong version", |d| raw(d, msg(GET_FEATURES, 0x2, &[])));
+    case(&mut d, "size past every limit", |d| {
+        let mut m = msg(SET_FEATURES, 1, &[]);
+        m[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        raw(d, m)
+    });
+    case(&mut d, "wrong body size", |d| {
+        raw(d, msg(SET_FEATURES, 1, &[0u8; 4]))
+    });
+    case(&mut d, "too many descriptors", |d| {
+        let files: Vec<File> = (0..40).map(|_| memfd(4096)).collect();
+        let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let regions: Vec<_> = (0..40).map(|i| (i * 0x1000, 0x1000, 0)).collect();
+        let mut r = Raw::connect(d.sock());
+        r.send(&msg(SET_MEM_TABLE, 1, &mem_table(&regions)), &fds);
+        assert!(r.hung_up());
+    });
+    case(&mut d, "regions without descriptors", |d| {
+        raw(
+            d,
+            msg(
+                SET_MEM_TABLE,
+                1,
+                &mem_table(&[(0, 0x1000, 0), (0x1000, 0x1000, 0)]),
+            ),
+        )
+    });
+    case(&mut d, "region past the end of its file", |d| {
+        let f = memfd(0x1000);
+        let mut r = Raw::connect(d.sock());
+        r.send(&msg(SET_PROTOCOL_FEATURES, 1, &REPLY_ACK.to_le_bytes()), &[]);
+        // Waiting for an answer: a failure, and the connection stays.
+        r.send(
+            &msg(SET_MEM_TABLE, 1 | NEED_REPLY, &mem_table(&[(0, 0x20_0000, 0)])),
+            &[f.as_raw_fd()],
+        );
+        let (req, _, body) = r.recv().expect("an answer");
+        assert_eq!((req, body), (SET_MEM_TABLE, 1u64.to_le_bytes().to_vec()));
+        // Not waiting: the connection ends.
+        r.send(
+            &msg(SET_MEM_TABLE, 1, &mem_table(&[(0, 0x1000, 0x1000)])),
+            &[f.as_raw_fd()],
+        );
+        assert!(r.hung_up());
+        assert_eq!(d.stat(0, "frontend_refused"), 2);
+    });
+    case(&mut d, "memory a device, not a file", |d| {
+        let z = File::open("/dev/zero").unwrap();
+        let mut r = Raw::connect(d.sock());
+        r.send(
+            &msg(SET_MEM_TABLE, 1, &mem_table(&[(0, 0x1000, 0)])),
+            &[z.as_raw_fd()],
+        );
+        assert!(r.hung_up());
+    });
+    case(&mut d, "rings out of range", |d| {
+        for (index, num) in [
+            (200u32, 16u32),
+            (0, 0),
+            (0, 3),
+            (0, 65535),
+            (0, 2048),
+            (u32::MAX, 16),
+        ] {
+            let mut body = index.to_le_bytes().to_vec();
+            body.extend_from_slice(&num.to_le_bytes());
+            let r = Raw::connect(d.sock());
+            r.send(&msg(SET_OWNER, 1, &[]), &[]);
+            r.send(&msg(SET_VRING_NUM, 1, &body), &[]);
+            let mut addr = index.to_le_bytes().to_vec();
+            addr.extend_from_slice(&[0u8; 36]);
+            r.send(&msg(SET_VRING_ADDR, 1, &addr), &[]);
+            drop(r);
+            wait_until("ring case torn down", || !d.connected(0));
+        }
+    });
+    case(&mut d, "ring descriptors that are not eventfds", |d| {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let f = memfd(16);
+        for fd in [a.as_raw_fd(), f.as_raw_fd()] {
+            for req in [SET_VRING_KICK, SET_VRING_CALL] {
+                let mut r = Raw::connect(d.sock());
+                r.send(&msg(SET_OWNER, 1, &[]), &[]);
+                r.send(&msg(req, 1, &0u64.to_le_bytes()), &[fd]);
+                assert!(r.hung_up());
+            }
+        }
+    });
+}
+
+/// Rings a driver got wrong, one case per connection.
+#[test]
+fn hostile_rings_cost_their_guest_alone() {
+    let mut d = Daemon::start(1, &[]);
+    // A chain the device must refuse is returned and counted; the queue goes on.
+    let bad_chain = |d: &Daemon, descs: &[(u16, virtio_queue::desc::RawDescriptor)], heads: &[u16]| {
+        let errors = d.stat(0, "tx_errors");
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        for (i, desc) in descs {
+            txq.desc_table().store(*i, *desc).unwrap();
+        }
+        for (k, h) in heads.iter().enumerate() {
+            txq.avail().ring().ref_at(k).unwrap().store(*h);
+        }
+        txq.avail().idx().store(heads.len() as u16);
+        g.kick[1].write(1).unwrap();
+        wait_until("bad chains refused", || {
+            d.stat(0, "tx_errors") + d.stat(0, "rings_broken") > errors
+        });
+    };
+    case(&mut d, "descriptors outside memory", |d| {
+        bad_chain(d, &[(0, d_(0xffff_0000_0000, 64, 0, 0))], &[0])
+    });
+    case(&mut d, "descriptor loop", |d| {
+        bad_chain(
+            d,
+            &[
+                (0, d_(0x10_0000, 16, F_NEXT, 1)),
+                (1, d_(0x10_1000, 16, F_NEXT, 0)),
+            ],
+            &[0],
+        )
+    });
+    case(&mut d, "short header", |d| {
+        bad_chain(d, &[(0, d_(0x10_0000, 4, 0, 0))], &[0])
+    });
+    case(&mut d, "write-only TX buffer", |d| {
+        bad_chain(d, &[(0, d_(0x10_0000, 64, F_WRITE, 0))], &[0])
+    });
+    case(&mut d, "garbage indirect tables", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        // Random bytes, a length that is not a multiple of 16, an empty one, one out of memory.
+        g.mem
+            .write_slice(
+                &(0..256u32).map(|i| (i * 97) as u8).collect::<Vec<_>>(),
+                GuestAddress(0x12_0000),
+            )
+            .unwrap();
+        let tables = [
+            (0x12_0000, 256),
+            (0x12_0000, 17),
+            (0x12_0000, 0),
+            (0xffff_0000_0000, 64),
+        ];
+        for (i, (addr, len)) in tables.iter().enumerate() {
+            txq.desc_table()
+                .store(i as u16, d_(*addr, *len, F_INDIRECT, 0))
+                .unwrap();
+            txq.avail().ring().ref_at(i).unwrap().store(i as u16);
+        }
+        txq.avail().idx().store(tables.len() as u16);
+        g.kick[1].write(1).unwrap();
+        wait_until("indirect tables returned", || {
+            txq.used().idx().load() == tables.len() as u16
+        });
+    });
+    case(&mut d, "avail head out of range", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        txq.avail().ring().ref_at(0).unwrap().store(5000);
+        txq.avail().idx().store(1);
+        g.kick[1].write(1).unwrap();
+        wait_until("ring marked broken", || d.stat(0, "rings_broken") == 1);
+        // Later frames on the broken ring are left alone, not retried.
+        post_tx(&g, &txq, 1);
+        g.kick[1].write(1).unwrap();
+        thread::sleep(Duration::from_millis(200));
+        assert_eq!(d.stat(0, "rings_broken"), 1);
+    });
+    case(&mut d, "avail index a ring ahead", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        txq.avail().idx().store(QSIZE * 3);
+        let ticks = d.cpu_ticks();
+        for _ in 0..50 {
+            g.kick[1].write(1).unwrap();
+            thread::sleep(Duration::from_millis(10));
+        }
+        wait_until("ring marked broken", || d.stat(0, "rings_broken") == 2);
+        thread::sleep(Duration::from_millis(500));
+        // No thread spins on it: well under a tenth of a CPU over the second.
+        let spent = d.cpu_ticks() - ticks;
+        assert!(spent < 30, "{spent} ticks of CPU on a broken ring");
+        // The frontend stops and restarts the ring (as after a driver reset): served again.
+        drop(txq);
+        let mut g = g;
+        g.fe.get_vring_base(1).unwrap();
+        let txq = g.queue(1);
+        drop(txq);
+        g.set_up_ring(1, 0);
+        enable(&mut g.fe, 1);
+        let txq = g.queue(1);
+        // Read first: the worker may serve the chain as soon as it is posted.
+        let before = d.stat(0, "tx_packets");
+        post_tx(&g, &txq, 0);
+        g.kick[1].write(1).unwrap();
+        wait_until("restarted ring served", || d.stat(0, "tx_packets") == before + 1);
+    });
+    case(&mut d, "a call eventfd whose counter is full", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        g.call[1].write(0xffff_ffff_ffff_fffe).unwrap();
+        let before = d.stat(0, "tx_packets");
+        post_tx(&g, &txq, 0);
+        g.kick[1].write(1).unwrap();
+        wait_until("frame served although the interrupt cannot be", || {
+            d.stat(0, "tx_packets") == before + 1
+        });
+    });
+    case(&mut d, "a frontend that hangs up while its ring is served", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        for pos in 0..QSIZE / 2 {
+            post_tx(&g, &txq, pos);
+        }
+        for _ in 0..100 {
+            g.kick[1].write(1).unwrap();
+        }
+        drop(txq);
+        drop(g);
+    });
+}
+
+fn d_(addr: u64, len: u32, flags: u16, next: u16) -> virtio_queue::desc::RawDescriptor {
+    d(addr, len, flags, next)
+}
+
+/// A guest whose receive ring is broken: frames flooded to it from another port are
+/// dropped and counted, and the other port goes on as if nothing happened.
+#[test]
+fn a_broken_receive_ring_does_not_slow_its_senders() {
+    let mut d = Daemon::start(2, &[]);
+    let b = Baseline::take(&d);
+    let victim = Guest::connect(&d.socks[0], NET);
+    let rxq = victim.queue(0);
+    rxq.avail().idx().store(QSIZE * 2);
+    let sender = Guest::connect(&d.socks[1], NET);
+    let txq = sender.queue(1);
+    let ticks = d.cpu_ticks();
+    let frames = QSIZE / 2;
+    for round in 0..frames {
+        post_tx(&sender, &txq, round);
+        sender.kick[1].write(1).unwrap();
+        wait_until("sender's frame used", || txq.used().idx().load() == round + 1);
+    }
+    assert_eq!(d.stat(0, "rings_broken"), 1);
+    assert_eq!(d.stat(1, "tx_packets"), u64::from(frames));
+    // The first frame found the ring broken; the rest were dropped without a look at it.
+    assert_eq!(d.stat(0, "rx_errors"), 1);
+    assert_eq!(d.stat(0, "rx_dropped"), u64::from(frames) - 1);
+    assert!(d.cpu_ticks() - ticks < 100);
+    drop(rxq);
+    drop(txq);
+    drop(victim);
+    drop(sender);
+    wait_until("port 1 idle", || !d.connected(1));
+    b.check(&mut d, "broken receive ring");
+}
+
+/// A frontend truncates its memory file under the daemon: the access that would have raised
+/// SIGBUS reads zeros, that connection ends, and the daemon goes on.
+#[test]
+fn guest_memory_that_shrinks_ends_only_its_connection() {
+    let mut d = Daemon::start(1, &[]);
+    case(&mut d, "memory file truncated after mapping", |d| {
+        let g = Guest::connect(d.sock(), NET);
+        let txq = g.queue(1);
+        post_tx(&g, &txq, 0);
+        // The rings are in the first pages; the frame's buffers at 1 MiB. Cut the file
+        // below the buffers, so only the frame's copy faults.
+        g.file.set_len(0x10_0000).unwrap();
+        g.kick[1].write(1).unwrap();
+        wait_until("fault survived", || d.stat(0, "memory_faults") >= 1);
+        wait_until("connection ended", || !d.connected(0));
+    });
+    assert!(d.log_text().contains("is gone"));
+}
+
+/// The control socket: one connection may ask for ever, an oversized line gets a JSON error,
+/// and clients past the cap are told so.
+#[test]
+fn control_clients_are_bounded_per_line_and_in_number() {
+    let mut d = Daemon::start(1, &[]);
+    let b = Baseline::take(&d);
+    let s = UnixStream::connect(&d.ctl).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    // More than the 64 KiB the whole connection used to be allowed.
+    for _ in 0..5000 {
+        w.write_all(b"{\"cmd\":\"action-list\"}\n").unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.starts_with("{\"actions\":"), "{line}");
+    }
+    drop((w, r));
+    let mut big = UnixStream::connect(&d.ctl).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = big.write_all(&vec![b'x'; 200 * 1024]);
+    let mut line = String::new();
+    BufReader::new(big).read_line(&mut line).unwrap();
+    assert!(line.contains("request longer than 65536 bytes"), "{line}");
+    let idle: Vec<UnixStream> = (0..16).map(|_| UnixStream::connect(&d.ctl).unwrap()).collect();
+    thread::sleep(Duration::from_millis(200));
+    let mut extra = UnixStream::connect(&d.ctl).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut line = String::new();
+    BufReader::new(&mut extra).read_line(&mut line).unwrap();
+    assert!(line.contains("too many control clients"), "{line}");
+    drop(idle);
+    wait_until("a slot again", || {
+        let v = d.ctl(r#"{"cmd":"stats"}"#);
+        v["clients_refused"]["control"].as_u64() == Some(2)
+    });
+    b.check(&mut d, "control clients");
+}
+
+fn metrics_addr(d: &Daemon) -> SocketAddr {
+    let mut found = None;
+    wait_until("metrics address in the log", || {
+        found = d
+            .log_text()
+            .lines()
+            .find_map(|l| l.split("metrics at http://").nth(1))
+            .and_then(|r| r.trim_end_matches("/metrics").parse().ok());
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+fn http(addr: SocketAddr, req: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(req);
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// `--metrics` answers what it should and nothing a client sends can kill or hold it.
+#[test]
+fn metrics_clients_cannot_kill_or_hold_the_daemon() {
+    let mut d = Daemon::start(1, &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&d);
+    let b = Baseline::take(&d);
+    let ok = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        ok.starts_with("HTTP/1.1 200 OK") && ok.contains("dpaa_vnic_connections_total"),
+        "{ok}"
+    );
+    let r = http(
+        addr,
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 9223372036854775807\r\n\r\nabc",
+    );
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    let mut long = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 100_000));
+    assert!(http(addr, &long).starts_with("HTTP/1.1 431"));
+    assert!(http(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    assert!(http(addr, b"\x00\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+    // Eight clients that say nothing hold every slot; the ninth is turned away at once, and
+    // the eight are dropped once their time is up.
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // Once the daemon has taken all eight in (a moment, on a loaded machine), the next is
+    // answered at once.
+    wait_until("the ninth client turned away", || {
+        let t0 = Instant::now();
+        let r = http(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        r.starts_with("HTTP/1.1 503") && t0.elapsed() < Duration::from_secs(2)
+    });
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    }
+    wait_until("scrapes served again", || {
+        http(addr, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200")
+    });
+    assert!(d.alive());
+    b.check(&mut d, "metrics clients");
+}
+
+/// Sockets: created 0600 (or as asked), never in place of a file, and the relay's channel
+/// to the request handler is nothing another process could bind or reach.
+#[test]
+fn sockets_are_private_and_nothing_is_squatted() {
+    let mut d = Daemon::start(1, &[]);
+    for p in [d.sock(), d.ctl.as_path()] {
+        let m = std::fs::metadata(p).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600, "{}", p.display());
+    }
+    let b = Baseline::take(&d);
+    let g = Guest::connect(d.sock(), NET);
+    // While a frontend is connected: no abstract socket of ours, no stray directory left.
+    let unix = std::fs::read_to_string("/proc/net/unix").unwrap();
+    assert!(!unix.contains("@dpaa-vnic"), "an abstract name is bound");
+    let names: Vec<String> = std::fs::read_dir(d.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with(".dpaa-vnic")), "{names:?}");
+    drop(g);
+    b.check(&mut d, "private channel");
+    // A file where a socket should be is refused, and left as it was.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("not-a-socket");
+    std::fs::write(&f, b"keep").unwrap();
+    let out = Command::new(BIN).arg("--socket").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
+    assert_eq!(std::fs::read(&f).unwrap(), b"keep");
+}
+
+/// Connecting and disconnecting ten thousand times, bare, with a full handshake, and with
+/// rings started and frames sent, leaves descriptors and threads exactly where they were
+/// and RSS within a small bound.
+#[test]
+fn ten_thousand_connections_leak_nothing() {
+    let d = Daemon::start(1, &["--queues", "8"]);
+    let n: u64 = std::env::var("VNIC_LEAK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let kinds: [(&str, &dyn Fn()); 3] = [
+        ("bare connect", &|| drop(UnixStream::connect(d.sock()).unwrap())),
+        ("full handshake", &|| {
+            let g = Guest::connect_enabling(d.sock(), NET, &[], 0);
+            g.fe.get_features().unwrap();
+        }),
+        ("rings started", &|| {
+            let g = Guest::connect(d.sock(), NET);
+            let txq = g.queue(1);
+            post_tx(&g, &txq, 0);
+            g.kick[1].write(1).unwrap();
+        }),
+    ];
+    let mut total = 0;
+    for (name, once) in kinds {
+        // Warm up: allocator arenas, thread stacks and the log file reach their size.
+        for _ in 0..100 {
+            once();
+        }
+        total += 100;
+        d.wait_idle(total);
+        let (fds, threads, rss) = d.settled();
+        let t0 = Instant::now();
+        for i in 0..n {
+            once();
+            if i % 1000 == 999 {
+                eprintln!("{name}: {} of {n} ({:?})", i + 1, t0.elapsed());
+            }
+        }
+        total += n;
+        d.wait_idle(total);
+        let (fds2, threads2, rss2) = d.settled();
+        eprintln!("{name}: fds {fds} -> {fds2}, threads {threads} -> {threads2}, RSS {rss} -> {rss2} kB");
+        assert_eq!(fds2, fds, "{name}: descriptors");
+        assert_eq!(threads2, threads, "{name}: threads");
+        assert!(rss2 <= rss + 2048, "{name}: RSS grew from {rss} to {rss2} kB");
+    }
+}
