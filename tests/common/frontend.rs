@@ -24,6 +24,29 @@ pub const F_INDIRECT: u16 = 4;
 /// Queue base addresses (guest physical) for RX, TX and control.
 pub const QBASE: [u64; 3] = [0x1000, 0x4000, 0x8000];
 
+/// Where a split ring's three parts lie in guest memory, and its size.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitLayout {
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    pub size: u16,
+}
+
+impl SplitLayout {
+    /// The virtio spec's layout of a ring of `size` at `base` (no MockSplitQueue quirk).
+    pub fn at(base: u64, size: u16) -> SplitLayout {
+        let avail = base + 16 * u64::from(size);
+        let used = (avail + 6 + 2 * u64::from(size)).next_multiple_of(4);
+        SplitLayout {
+            desc: base,
+            avail,
+            used,
+            size,
+        }
+    }
+}
+
 pub const VERSION_1: u64 = 1 << 32;
 pub const MRG_RXBUF: u64 = 1 << 15;
 pub const CTRL_VQ: u64 = 1 << 17;
@@ -116,20 +139,36 @@ impl Guest {
     pub fn set_up_ring(&mut self, i: usize, base: u16) {
         // MockSplitQueue's layout: descriptors, then the avail ring, then the used ring at
         // a 4-byte boundary QSIZE bytes (not entries: the 0.18 quirk the tests stay clear
-        // of) past the avail entries. vhost-user carries the frontend's virtual addresses.
-        let desc = self.host_base + QBASE[i];
+        // of) past the avail entries.
+        let desc = QBASE[i];
         let avail = desc + 16 * u64::from(QSIZE);
         let used = (avail + 4 + u64::from(QSIZE)).next_multiple_of(4);
+        self.set_up_ring_at(
+            i,
+            base,
+            SplitLayout {
+                desc,
+                avail,
+                used,
+                size: QSIZE,
+            },
+        );
+    }
+
+    /// QEMU's messages for one ring at a layout of the caller's (guest addresses), short of
+    /// the enable.
+    pub fn set_up_ring_at(&mut self, i: usize, base: u16, at: SplitLayout) {
+        // vhost-user carries the frontend's virtual addresses.
         let cfg = VringConfigData {
-            queue_max_size: QSIZE,
-            queue_size: QSIZE,
+            queue_max_size: at.size,
+            queue_size: at.size,
             flags: 0,
-            desc_table_addr: desc,
-            used_ring_addr: used,
-            avail_ring_addr: avail,
+            desc_table_addr: self.host_base + at.desc,
+            used_ring_addr: self.host_base + at.used,
+            avail_ring_addr: self.host_base + at.avail,
             log_addr: None,
         };
-        self.fe.set_vring_num(i, QSIZE).unwrap();
+        self.fe.set_vring_num(i, at.size).unwrap();
         self.fe.set_vring_addr(i, &cfg).unwrap();
         self.fe.set_vring_base(i, base).unwrap();
         self.fe.set_vring_call(i, &self.call[i]).unwrap();

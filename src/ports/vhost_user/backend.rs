@@ -287,7 +287,7 @@ impl VnicBackend {
             return Ok(());
         }
         match vrings.get(local) {
-            Some(v) => self.process_ctrl(v, thread),
+            Some(v) => self.process_ctrl(v, thread, true),
             None => Ok(()),
         }
     }
@@ -428,8 +428,9 @@ impl VnicBackend {
     }
 
     /// Serves the control queue: up to [`CTRL_BUDGET`] commands, then again later if more
-    /// wait. A queue the driver broke is marked and left alone.
-    fn process_ctrl(&self, vring: &Vring, thread: usize) -> io::Result<()> {
+    /// wait. A queue the driver broke is marked and left alone. `kicked`: the thread was
+    /// woken for it, not back after its budget.
+    fn process_ctrl(&self, vring: &Vring, thread: usize, kicked: bool) -> io::Result<()> {
         if !self.0.ctrl_open.load(Ordering::Acquire) {
             // The kick is gone; `enabled` sends this thread back here.
             return Ok(());
@@ -438,7 +439,7 @@ impl VnicBackend {
         if self.0.broken.is(index) {
             return Ok(());
         }
-        match self.ctrl_burst(vring, thread) {
+        match self.ctrl_burst(vring, thread, kicked) {
             Ok(Burst::Done) => Ok(()),
             Ok(Burst::More) => self.come_again(thread),
             Err(e) => {
@@ -448,7 +449,7 @@ impl VnicBackend {
         }
     }
 
-    fn ctrl_burst(&self, vring: &Vring, thread: usize) -> Result<Burst, RingError> {
+    fn ctrl_burst(&self, vring: &Vring, thread: usize, kicked: bool) -> Result<Burst, RingError> {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
         let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
@@ -459,7 +460,7 @@ impl VnicBackend {
             ..
         } = &mut *worker;
         let window = self.0.port.ctrl_tuning.poll;
-        let mut woken = true;
+        let mut woken = kicked;
         let mut served_total = 0usize;
         loop {
             vring.disable_notification().map_err(RingError)?;
@@ -763,25 +764,25 @@ impl VhostUserBackend for VnicBackend {
         if u64::from(device_event) == self.again_event_id() {
             let _ = self.0.again[thread_id].read();
             for (local, vring) in vrings.iter().enumerate() {
-                self.serve(thread_id, local, vring)?;
+                self.serve(thread_id, local, vring, false)?;
             }
             return Ok(());
         }
         let local = usize::from(device_event);
         match vrings.get(local) {
-            Some(vring) => self.serve(thread_id, local, vring),
+            Some(vring) => self.serve(thread_id, local, vring, true),
             None => Ok(()),
         }
     }
 }
 
 impl VnicBackend {
-    /// Serves vring `local` of worker `thread` by its role.
-    fn serve(&self, thread: usize, local: usize, vring: &Vring) -> io::Result<()> {
+    /// Serves vring `local` of worker `thread` by its role; `kicked`: woken for it.
+    fn serve(&self, thread: usize, local: usize, vring: &Vring, kicked: bool) -> io::Result<()> {
         match self.role(self.global(thread, local)) {
             Role::Rx => Ok(()),
             Role::Tx(pair) => self.process_tx(pair, vring, thread),
-            Role::Ctrl => self.process_ctrl(vring, thread),
+            Role::Ctrl => self.process_ctrl(vring, thread, kicked),
         }
     }
 }

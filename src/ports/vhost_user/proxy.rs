@@ -317,7 +317,17 @@ fn frontend_to_backend(
     let mut features_set = false;
     let mut reply_ack = false;
     let mut held: Vec<Msg> = Vec::new();
-    while let Some(mut m) = recv_msg(fe)? {
+    loop {
+        let mut m = match recv_msg(fe) {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                if matches!(e, ProxyError::TooBig(_)) {
+                    watch.refused(&e);
+                }
+                return Err(e);
+            }
+        };
         let req = m.request();
         if !features_set && req == REQ_SET_VRING_ENABLE {
             if m.flags() & FLAG_NEED_REPLY != 0 {
@@ -363,7 +373,6 @@ fn frontend_to_backend(
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
