@@ -71,11 +71,20 @@ make_netns() {
     ip netns exec "$1" ip link set lo up
 }
 
+# Placement as an orchestrator does it, for benchmarks that want it: VNIC_DAEMON_CPUS and
+# VNIC_GUEST_CPUS (taskset lists, e.g. 1 and 0) pin the daemons and the QEMUs started after.
+# Unset (the default), the scheduler places everything.
+pinned() {
+    [[ -n $1 ]] && echo "taskset -c $1"
+    return 0
+}
+
 # start_daemon NAME NETNS|- ARGS...: starts dpaa-vnic; waits until its control socket answers.
 start_daemon() {
     local name=$1 ns=$2; shift 2
     local pre=()
-    [[ $ns != - ]] && pre=(ip netns exec "$ns")
+    read -r -a pre <<<"$(pinned "${VNIC_DAEMON_CPUS:-}")"
+    [[ $ns != - ]] && pre+=(ip netns exec "$ns")
     RUST_LOG=${RUST_LOG:-info} "${pre[@]}" "$VNIC_BIN" "$@" --control "$RUN_DIR/$name.ctl" >>"$RUN_DIR/$name.log" 2>&1 &
     local pid=$!
     PIDS+=("$pid")
@@ -195,7 +204,8 @@ start_guest() {
         *) die "unknown attachment $mode" ;;
     esac
     local chardev=(-chardev "socket,id=c0,path=$RUN_IN_CHROOT/$sock$chopts") pre=()
-    [[ $mode == qemu-tap ]] && chardev=() && pre=(ip netns exec "$GUEST_NETNS")
+    read -r -a pre <<<"$(pinned "${VNIC_GUEST_CPUS:-}")"
+    [[ $mode == qemu-tap ]] && chardev=() && pre+=(ip netns exec "$GUEST_NETNS")
     # shellcheck disable=SC2046,SC2086
     timeout "$GUEST_TIMEOUT" "${pre[@]}" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
         -nographic -no-reboot -nodefaults -serial stdio \

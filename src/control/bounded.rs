@@ -7,9 +7,13 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
+use log::warn;
 use thiserror::Error;
+
+use crate::ports::WarnLimiter;
 
 /// A cap on connections served at once. A connection holds a [`Slot`] until it ends.
 #[derive(Debug)]
@@ -53,6 +57,53 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.used.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Accepts clients for as long as `incoming` yields them: each gets a thread of its own
+/// (named `thread_name`) holding a slot of `max`; one over the cap is handed to `refuse` on
+/// the accepting thread. `server` names the server in log lines, which come at most once a
+/// second. A failed accept (out of descriptors) pauses the loop instead of spinning it.
+pub fn accept_loop<S: Send + 'static>(
+    server: &str,
+    thread_name: &str,
+    incoming: impl Iterator<Item = io::Result<S>>,
+    max: usize,
+    refuse: impl Fn(S),
+    serve: impl Fn(S) + Send + Sync + 'static,
+) {
+    let slots = Slots::new(max);
+    let serve = Arc::new(serve);
+    let warn_limit = WarnLimiter::default();
+    for conn in incoming {
+        let s = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                if warn_limit.allow() {
+                    warn!("{server}: accept failed: {e}");
+                }
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let Some(slot) = slots.take() else {
+            if warn_limit.allow() {
+                warn!("{server}: more than {max} clients at once; refusing one");
+            }
+            refuse(s);
+            continue;
+        };
+        let serve = serve.clone();
+        let spawned = thread::Builder::new().name(thread_name.into()).spawn(move || {
+            let _slot = slot;
+            serve(s);
+        });
+        if let Err(e) = spawned {
+            if warn_limit.allow() {
+                warn!("{server}: cannot spawn a client thread: {e}");
+            }
+        }
+    }
+    warn!("{server}: no more clients accepted");
 }
 
 /// Why a request could not be read whole.

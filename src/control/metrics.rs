@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, info};
 use thiserror::Error;
 
-use super::bounded::{Framed, Limits, ReadError, Slots};
+use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, StatsView};
 use super::Daemon;
-use crate::ports::WarnLimiter;
 
 /// Scrapes served at once; one more gets 503.
 pub const MAX_CLIENTS: usize = 8;
@@ -108,45 +107,24 @@ pub fn serve(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<SocketAddr, Metric
 }
 
 fn accept_loop(listener: TcpListener, daemon: Arc<Daemon>) {
-    let slots = Slots::new(MAX_CLIENTS);
-    let warn_limit = WarnLimiter::default();
-    for conn in listener.incoming() {
-        let s = match conn {
-            Ok(s) => s,
-            Err(e) => {
-                if warn_limit.allow() {
-                    warn!("metrics: accept failed: {e}");
-                }
-                thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let Some(slot) = slots.take() else {
+    let d = daemon.clone();
+    bounded::accept_loop(
+        "metrics",
+        "vnic-metrics-conn",
+        listener.incoming(),
+        MAX_CLIENTS,
+        |s: TcpStream| {
             daemon.refused.metrics.fetch_add(1, Ordering::Relaxed);
-            if warn_limit.allow() {
-                warn!("metrics: more than {MAX_CLIENTS} clients at once; answering 503");
-            }
             let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
             finish(s, &status_only(503, "Service Unavailable"));
-            continue;
-        };
-        let d = daemon.clone();
-        let spawned = thread::Builder::new()
-            .name("vnic-metrics-conn".into())
-            .spawn(move || {
-                let _slot = slot;
-                if let Err(e) = serve_client(&d, s) {
-                    d.refused.metrics.fetch_add(1, Ordering::Relaxed);
-                    debug!("metrics client: {e}");
-                }
-            });
-        if let Err(e) = spawned {
-            if warn_limit.allow() {
-                warn!("metrics: cannot spawn client thread: {e}");
+        },
+        move |s| {
+            if let Err(e) = serve_client(&d, s) {
+                d.refused.metrics.fetch_add(1, Ordering::Relaxed);
+                debug!("metrics client: {e}");
             }
-        }
-    }
-    warn!("metrics server stopped");
+        },
+    );
 }
 
 /// A response with no body but its status line.

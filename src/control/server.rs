@@ -14,17 +14,16 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use log::{debug, warn};
+use log::debug;
 use serde::Deserialize;
 use thiserror::Error;
 
-use super::bounded::{Framed, Limits, ReadError, Slots};
+use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, PortRef};
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::{NextHop, Route};
 use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
-use crate::ports::WarnLimiter;
 use crate::unix_socket::{self, SocketAccess, SocketError};
 
 /// Control clients served at once; one more is told so and closed.
@@ -93,50 +92,24 @@ impl ControlServer {
 }
 
 fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
-    let slots = Slots::new(MAX_CLIENTS);
-    let warn_limit = WarnLimiter::default();
-    let refuse = |mut s: UnixStream, why: &str| {
-        daemon.refused.control.fetch_add(1, Ordering::Relaxed);
-        if warn_limit.allow() {
-            warn!("control: {why}");
-        }
-        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-        let _ = s.write_all(error_line(why).as_bytes());
-    };
-    for conn in listener.incoming() {
-        let s = match conn {
-            Ok(s) => s,
-            Err(e) => {
-                if warn_limit.allow() {
-                    warn!("control: accept failed: {e}");
-                }
-                // EMFILE and the like: give the process a moment instead of spinning.
-                thread::sleep(Duration::from_millis(10));
-                continue;
+    let d = daemon.clone();
+    bounded::accept_loop(
+        "control",
+        "vnic-ctl-conn",
+        listener.incoming(),
+        MAX_CLIENTS,
+        |mut s: UnixStream| {
+            daemon.refused.control.fetch_add(1, Ordering::Relaxed);
+            let why = format!("too many control clients (at most {MAX_CLIENTS} at once)");
+            let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = s.write_all(error_line(&why).as_bytes());
+        },
+        move |s| {
+            if let Err(e) = serve_client(&d, s) {
+                debug!("control client: {e}");
             }
-        };
-        let Some(slot) = slots.take() else {
-            refuse(
-                s,
-                &format!("too many control clients (at most {MAX_CLIENTS} at once)"),
-            );
-            continue;
-        };
-        let d = daemon.clone();
-        let spawned = thread::Builder::new()
-            .name("vnic-ctl-conn".into())
-            .spawn(move || {
-                let _slot = slot;
-                if let Err(e) = serve_client(&d, s) {
-                    debug!("control client: {e}");
-                }
-            });
-        if let Err(e) = spawned {
-            if warn_limit.allow() {
-                warn!("control: cannot spawn client thread: {e}");
-            }
-        }
-    }
+        },
+    );
 }
 
 fn error(msg: String) -> Result<serde_json::Value, serde_json::Error> {

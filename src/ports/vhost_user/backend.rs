@@ -319,7 +319,14 @@ impl VnicBackend {
         if self.0.broken.is(index) {
             return Ok(());
         }
-        match self.tx_burst(pair, vring, thread) {
+        let burst = self.tx_burst(pair, vring, thread);
+        self.after_burst(thread, index, burst)
+    }
+
+    /// What follows a burst on queue `index` of worker `thread`: nothing, a later round
+    /// (the budget ran out), or the queue marked broken.
+    fn after_burst(&self, thread: usize, index: usize, burst: Result<Burst, RingError>) -> io::Result<()> {
+        match burst {
             Ok(Burst::Done) => Ok(()),
             Ok(Burst::More) => self.come_again(thread),
             Err(e) => {
@@ -439,14 +446,8 @@ impl VnicBackend {
         if self.0.broken.is(index) {
             return Ok(());
         }
-        match self.ctrl_burst(vring, thread, kicked) {
-            Ok(Burst::Done) => Ok(()),
-            Ok(Burst::More) => self.come_again(thread),
-            Err(e) => {
-                self.0.port.ring_broken(&self.0.broken, index, &e);
-                Ok(())
-            }
-        }
+        let burst = self.ctrl_burst(vring, thread, kicked);
+        self.after_burst(thread, index, burst)
     }
 
     fn ctrl_burst(&self, vring: &Vring, thread: usize, kicked: bool) -> Result<Burst, RingError> {
@@ -461,15 +462,16 @@ impl VnicBackend {
         } = &mut *worker;
         let window = self.0.port.ctrl_tuning.poll;
         let mut woken = kicked;
+        // Back after its budget, the thread is in the middle of a burst of commands: it polls
+        // for the next one as it would have without the break, even if none is there yet.
+        let mut resumed = !kicked;
         let mut served_total = 0usize;
         loop {
             vring.disable_notification().map_err(RingError)?;
             let mut served = false;
             while served_total < CTRL_BUDGET && self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
-                if !served {
-                    if woken {
-                        self.0.port.ctrl_stats.ctrl_wakeups.inc();
-                    }
+                if served_total == 0 && woken {
+                    self.0.port.ctrl_stats.ctrl_wakeups.inc();
                     // The guest has its ack: now, not before, see where to poll from.
                     self.settle(ctrl_cpu);
                 }
@@ -487,14 +489,15 @@ impl VnicBackend {
             // A driver changing its address lists sends several commands back to back and
             // busy-waits on each ack: polling the ring a little while (notifications still
             // off, so the guest does not even exit to kick) saves a wake-up per command.
-            if served && self.poll_avail(vring, &mem, window) {
+            let poll = served || std::mem::take(&mut resumed);
+            if poll && self.poll_avail(vring, &mem, window) {
                 next_ctrl.prefetch(&*mem);
                 continue;
             }
             // With EVENT_IDX this publishes avail_event: without it the driver would never
             // kick again and spin forever on its next command.
             if !vring.enable_notification().map_err(RingError)? {
-                if let Err(e) = ctrl_cpu.asleep(served && !window.is_zero()) {
+                if let Err(e) = ctrl_cpu.asleep(poll && !window.is_zero()) {
                     // Once per connection: the thread does not try again.
                     info!("port {}: control thread: {}", self.0.port.id, error_chain(&e));
                 }
