@@ -171,9 +171,10 @@ fn run(cfg: Config) -> ExitCode {
             }
         }
     }
-    if let Some(Some(timeout)) = cfg.snoop {
-        // Snooped groups time out, so dpaa-vnic is also the querier: general queries every
-        // third of the timeout make the guests report what they hold before it runs out.
+    if let Some(timeout) = cfg.snoop {
+        // The snooper's clock: audits of each guest's state after its reports go quiet
+        // (device/snoop.rs), and with --snoop-timeout the expiry of unrefreshed groups and
+        // the periodic general queries that refresh them.
         let guests: Vec<Arc<GuestPort>> = ports
             .iter()
             .filter_map(|p| match p {
@@ -181,29 +182,7 @@ fn run(cfg: Config) -> ExitCode {
                 PortRef::Tap(_) => None,
             })
             .collect();
-        let every = (timeout / 3).max(std::time::Duration::from_secs(1));
-        // Linux answers an MLD general query after a random delay up to the query's Max
-        // Resp, and a new query draws that delay again (IGMP keeps the earlier one). With
-        // a window as long as the interval, a late draw is pushed past the next query, and
-        // a few in a row let every group expire at once: half the interval leaves room.
-        let respond = every / 2;
-        let spawned = thread::Builder::new()
-            .name("vnic-snoop-timer".into())
-            .spawn(move || {
-                let mut next_query = std::time::Instant::now();
-                loop {
-                    thread::sleep(std::time::Duration::from_millis(250));
-                    let now = std::time::Instant::now();
-                    for g in &guests {
-                        g.lock_ctrl().snoop_expire(now);
-                    }
-                    if now >= next_query {
-                        guests.iter().for_each(|g| g.send_queries(respond));
-                        next_query = now + every;
-                    }
-                }
-            });
-        if let Err(e) = spawned {
+        if let Err(e) = spawn_snoop_clock(guests, timeout) {
             error!("spawning snoop timer: {e}");
             cleanup(&owned);
             return ExitCode::FAILURE;
@@ -231,6 +210,38 @@ fn run(cfg: Config) -> ExitCode {
     }
     cleanup(&owned);
     ExitCode::SUCCESS
+}
+
+/// The `--snoop` timer thread (see its caller).
+fn spawn_snoop_clock(
+    guests: Vec<Arc<GuestPort>>,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<()> {
+    // Queries every third of the timeout make the guests report what they hold before it
+    // runs out. Linux answers an MLD general query after a random delay up to the query's
+    // Max Resp, and a new query draws that delay again (IGMP keeps the earlier one). With a
+    // window as long as the interval, a late draw is pushed past the next query, and a few
+    // in a row let every group expire at once: half the interval leaves room.
+    let every = timeout.map(|t| (t / 3).max(std::time::Duration::from_secs(1)));
+    thread::Builder::new()
+        .name("vnic-snoop-timer".into())
+        .spawn(move || {
+            let mut next_query = std::time::Instant::now();
+            loop {
+                thread::sleep(std::time::Duration::from_millis(250));
+                let now = std::time::Instant::now();
+                for g in &guests {
+                    g.snoop_tick(now);
+                }
+                if let Some(every) = every.filter(|_| now >= next_query) {
+                    guests.iter().for_each(|g| {
+                        g.send_queries(every / 2);
+                    });
+                    next_query = now + every;
+                }
+            }
+        })
+        .map(|_| ())
 }
 
 /// Removes the sockets this daemon created. Workers die with the process.

@@ -56,6 +56,11 @@ fn rig() -> Rig {
 }
 
 fn rig_with(ctrl: CtrlTuning) -> Rig {
+    rig_full(ctrl, None)
+}
+
+/// `snoop`: the port snoops (`--snoop`, with this timeout).
+fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vnic.sock");
     let switch = Arc::new(Switch::new(2));
@@ -68,7 +73,7 @@ fn rig_with(ctrl: CtrlTuning) -> Rig {
     let filter = FilterConfig {
         layout: Layout::Memac,
         exact_limit: 4096,
-        snoop: None,
+        snoop,
     };
     let port = Arc::new(GuestPort::new(
         0,
@@ -259,6 +264,41 @@ fn rx_frame_is_written_with_header_and_signalled() {
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
     assert!(s.rx_dropped >= 1);
+}
+
+/// A snooping port is never given another host's membership report (RFC 4541 2.1.1): an
+/// IGMPv2 guest that heard one for its group would not send its own. Queries still reach it.
+#[test]
+fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
+    let r = rig_full(Default::default(), Some(None));
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    post_rx_buffers(&g, &rxq);
+    // An IGMPv2 report for 239.1.2.3 from another host, checksums filled in, addressed to
+    // all-hosts, which the filter passes (a plain frame there is delivered first).
+    let mut igmp = [0x16u8, 0, 0, 0, 239, 1, 2, 3];
+    let c = fold_sum(0, &igmp);
+    igmp[2..4].copy_from_slice(&(!(c as u16)).to_be_bytes());
+    let mut ip = vec![0x46, 0xc0, 0, 32, 0, 0, 0x40, 0, 1, 2, 0, 0, 10, 0, 0, 9, 239, 1, 2, 3, 0x94, 4, 0, 0];
+    let c = fold_sum(0, &ip);
+    ip[10..12].copy_from_slice(&(!(c as u16)).to_be_bytes());
+    let mut report = vec![0x01, 0x00, 0x5e, 0x00, 0x00, 0x01, 0x52, 0x54, 0, 0, 0, 9, 0x08, 0x00];
+    report.extend_from_slice(&ip);
+    report.extend_from_slice(&igmp);
+    // The port is up (an all-hosts frame lands) before the report is tried.
+    deliver_first(&r, &rxq, VirtioNetHdr::default(), &frame("01:00:5e:00:00:01", 60));
+    let filtered = r.port.stats()[0].rx_filtered;
+    r.port.send(
+        &r.tally,
+        0,
+        &mut Packet {
+            hdr: VirtioNetHdr::default(),
+            frame: &mut report,
+        },
+    );
+    let s = r.port.stats()[0];
+    assert_eq!((s.rx_packets, s.rx_filtered), (1, filtered + 1));
+    assert_eq!(rxq.used().idx().load(), 1);
 }
 
 /// A guest that did not negotiate GUEST_CSUM gets partial checksums completed by the port.

@@ -265,6 +265,7 @@ mod tests {
                     ctrl_busy_ns: 10,
                     ..Default::default()
                 },
+                ctrl_answer: Default::default(),
                 conn: ConnSnapshot {
                     rings_broken: 1,
                     ..Default::default()

@@ -11,7 +11,7 @@ use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
-use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
+use crate::stats::{ConnSnapshot, CtrlSnapshot, Quantiles, QueueSnapshot};
 use crate::wire::MacAddr;
 
 /// A port as the control socket sees it.
@@ -39,6 +39,8 @@ pub struct PortStats {
     pub totals: QueueSnapshot,
     #[serde(flatten)]
     pub ctrl: CtrlSnapshot,
+    /// How long the daemon kept the guest waiting for each control command's answer.
+    pub ctrl_answer: Quantiles,
     #[serde(flatten)]
     pub conn: ConnSnapshot,
     #[serde(flatten)]
@@ -98,6 +100,7 @@ pub fn stats(d: &Daemon) -> StatsView {
                     queues,
                     totals,
                     ctrl: g.ctrl_stats.snapshot(),
+                    ctrl_answer: g.ctrl_stats.ctrl_answer.quantiles(),
                     conn: g.conn_stats.snapshot(),
                     filter,
                 }
@@ -113,6 +116,7 @@ pub fn stats(d: &Daemon) -> StatsView {
                     queues,
                     totals,
                     ctrl: CtrlSnapshot::default(),
+                    ctrl_answer: Quantiles::default(),
                     conn: ConnSnapshot::default(),
                     filter: FilterStats::default(),
                 }

@@ -48,12 +48,22 @@ impl NicState {
         }
     }
 
-    /// Drops groups whose reports timed out.
-    pub fn snoop_expire(&mut self, now: Instant) {
+    /// Time passing for the snooper (expiry, audit windows); true when an audit query
+    /// should go out to the guest now (`snoop_audit_sent` then says which reached it).
+    pub fn snoop_tick(&mut self, now: Instant) -> bool {
+        let Some(s) = self.snoop.as_mut() else {
+            return false;
+        };
+        if s.tick(now) {
+            self.publish_snoop();
+        }
+        self.snoop.as_ref().is_some_and(|s| s.audit_due(now))
+    }
+
+    /// The audit queries went out; `v4`, `v6`: which reached the guest.
+    pub fn snoop_audit_sent(&mut self, now: Instant, v4: bool, v6: bool) {
         if let Some(s) = self.snoop.as_mut() {
-            if s.expire(now) {
-                self.publish_snoop();
-            }
+            s.audit_sent(now, v4, v6);
         }
     }
 

@@ -77,6 +77,41 @@ pub fn maybe_report(frame: &[u8]) -> bool {
     }
 }
 
+/// Whether `frame` is an IGMP or MLD membership report (any version, leaves included), by
+/// its type alone: what a snooping switch keeps from other hosts. No checksum is checked.
+pub fn is_report(frame: &[u8]) -> bool {
+    if !maybe_report(frame) {
+        return false;
+    }
+    let (ethertype, l3) = match be16(frame, 12) {
+        Some(ETHERTYPE_VLAN) => (be16(frame, 16), HEADER_LEN + 4),
+        t => (t, HEADER_LEN),
+    };
+    let Some(ip) = frame.get(l3..) else {
+        return false;
+    };
+    match ethertype {
+        Some(ETHERTYPE_IPV4) => {
+            let ihl = usize::from(ip.first().map_or(0, |b| b & 0x0f)) * 4;
+            matches!(ip.get(ihl), Some(0x12 | 0x16 | 0x17 | 0x22))
+        }
+        Some(ETHERTYPE_IPV6) => {
+            let mut at = 40;
+            if ip.get(6) == Some(&NEXT_HOP_BY_HOP) {
+                if ip.get(at) != Some(&NEXT_ICMPV6) {
+                    return false;
+                }
+                at += match ip.get(at + 1) {
+                    Some(len) => (usize::from(*len) + 1) * 8,
+                    None => return false,
+                };
+            }
+            matches!(ip.get(at), Some(131 | 132 | 143))
+        }
+        _ => false,
+    }
+}
+
 /// The group records of an IGMP or MLD report in `frame`, or `None` if it is not one (or is
 /// truncated, malformed, or fails its checksum).
 pub fn parse(frame: &[u8]) -> Option<Vec<GroupRecord>> {
@@ -280,6 +315,24 @@ mod tests {
     }
 
     #[test]
+    fn reports_are_told_from_queries_by_their_type() {
+        for t in [0x12u8, 0x16, 0x17, 0x22] {
+            assert!(is_report(&igmp_frame(&[t, 0, 0, 0, 239, 1, 2, 3])), "{t:#x}");
+        }
+        // A query is not a report, nor is anything cut short.
+        let mut q = Vec::new();
+        igmp_general_query(10, &mut q);
+        assert!(!is_report(&q));
+        let mut q6 = Vec::new();
+        mld_general_query(1000, &mut q6);
+        assert!(!is_report(&q6));
+        let r = igmp_frame(&[0x22, 0, 0, 0, 0, 0, 0, 0]);
+        for cut in 0..38 {
+            assert!(!is_report(&r[..cut]), "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn mld_v2_report_behind_hop_by_hop() {
         // MLDv2 report: 1 record CHANGE_TO_EXCLUDE ff15::1:2, no sources.
         let mut mld = vec![143, 0, 0, 0, 0, 0, 0, 1, 4, 0, 0, 0];
@@ -306,6 +359,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV6);
         f.extend_from_slice(&ip);
         assert!(maybe_report(&f));
+        assert!(is_report(&f));
         let r = parse(&f).unwrap();
         assert_eq!(r[0].kind, RecordKind::ToExclude);
         assert_eq!(group_mac(&r[0].group).to_string(), "33:33:00:01:00:02");

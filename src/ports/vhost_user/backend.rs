@@ -672,6 +672,7 @@ impl VnicBackend {
             None => 0,
         };
         add_used(q, &**mem, head, written)?;
+        port.ctrl_stats.ctrl_answer.record(t0.elapsed().as_nanos() as u64);
         if let Some(table) = later {
             applied(nic.execute(table));
         }

@@ -33,6 +33,7 @@ use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Layout, Verdict};
 use crate::device::rss::{Steered, SteeringCell};
+use crate::device::snoop;
 use crate::device::NicState;
 use crate::pipeline::gso;
 use crate::pipeline::{Egress, Packet, Switch};
@@ -181,9 +182,10 @@ impl GuestPort {
                 self.lock_ctrl().snoop_report(&records, std::time::Instant::now());
             }
             None => trace!(
-                "port {}: IGMP/MLD frame that is not a valid report ({} bytes)",
+                "port {}: IGMP/MLD frame that is not a valid report ({} bytes): {:02x?}",
                 self.id,
-                frame.len()
+                frame.len(),
+                frame
             ),
         }
     }
@@ -350,31 +352,38 @@ impl GuestPort {
 
     /// As querier for `--snoop`: sends an IGMPv3 and an MLDv2 general query to the guest,
     /// whose answers (reports of everything it holds), due within `respond`, refresh the
-    /// snooped groups.
-    pub fn send_queries(&self, respond: std::time::Duration) {
+    /// snooped groups. Returns which of the two reached the guest's receive ring.
+    pub fn send_queries(&self, respond: std::time::Duration) -> (bool, bool) {
         if !self.snooping || self.attachment() != Some("net") {
-            return;
+            return (false, false);
         }
         let (igmp_ds, mld_ms) = mcast_report::max_resp_codes(respond);
         let mut frame = Vec::with_capacity(128);
-        mcast_report::igmp_general_query(igmp_ds, &mut frame);
-        self.send(
-            &self.query_tally,
-            0,
-            &mut Packet {
-                hdr: Default::default(),
-                frame: &mut frame,
-            },
-        );
-        mcast_report::mld_general_query(mld_ms, &mut frame);
-        self.send(
-            &self.query_tally,
-            0,
-            &mut Packet {
-                hdr: Default::default(),
-                frame: &mut frame,
-            },
-        );
+        let mut query = |build: &dyn Fn(&mut Vec<u8>)| {
+            frame.clear();
+            build(&mut frame);
+            self.deliver(
+                &self.query_tally,
+                0,
+                &mut Packet {
+                    hdr: Default::default(),
+                    frame: &mut frame,
+                },
+            )
+        };
+        let v4 = query(&|f| mcast_report::igmp_general_query(igmp_ds, f));
+        let v6 = query(&|f| mcast_report::mld_general_query(mld_ms, f));
+        (v4, v6)
+    }
+
+    /// The snooper's clock (`--snoop`): expiry, and the audit of the guest's state once its
+    /// change reports have gone quiet (device/snoop.rs). Called every few hundred ms.
+    pub fn snoop_tick(&self, now: std::time::Instant) {
+        if !self.snooping || !self.lock_ctrl().snoop_tick(now) || self.attachment() != Some("net") {
+            return;
+        }
+        let (v4, v6) = self.send_queries(snoop::AUDIT_RESPONSE);
+        self.lock_ctrl().snoop_audit_sent(now, v4, v6);
     }
 
     fn publish(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
@@ -413,10 +422,25 @@ impl GuestPort {
 
 impl Egress for GuestPort {
     fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
+        self.deliver(tally, flow, pkt);
+    }
+}
+
+impl GuestPort {
+    /// `Egress::send`, telling whether the frame (or every segment of it) was written into
+    /// the guest's receive ring.
+    fn deliver(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) -> bool {
+        // A snooping switch passes membership reports to routers only (RFC 4541 2.1.1): an
+        // IGMPv2 or MLDv1 guest that heard another's report for its group would stay
+        // silent, and its own filter would never learn the group.
+        if self.snooping && mcast_report::is_report(pkt.frame) {
+            tally.at(self.id, flow).rx_filtered.inc();
+            return false;
+        }
         let guard = self.rx.load();
         let Some(rx) = guard.as_ref() else {
             tally.at(self.id, flow).rx_dropped.inc();
-            return;
+            return false;
         };
         // The MAC's filter decides first, as on the NIC, where it precedes the parser and
         // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
@@ -425,7 +449,7 @@ impl Egress for GuestPort {
         let verdict = self.regs.classify(&dst);
         if verdict == Verdict::Reject {
             tally.at(self.id, flow).rx_filtered.inc();
-            return;
+            return false;
         }
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
         // there is one queue and nobody wants the hash reported.
@@ -454,9 +478,10 @@ impl Egress for GuestPort {
         };
         if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
             // The guest cannot take this GSO frame whole: segment it here, once.
+            let mut all = true;
             let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
                 let mut h = *h;
-                self.push_frame(&dest, &mut h, seg);
+                all &= self.push_frame(&dest, &mut h, seg);
             });
             match res {
                 Ok(_) => stats.rx_gso_segmented.inc(),
@@ -465,11 +490,12 @@ impl Egress for GuestPort {
                     if self.warn.allow() {
                         warn!("port {}: dropping GSO frame: {}", self.id, error_chain(&e));
                     }
+                    return false;
                 }
             }
-            return;
+            return all;
         }
-        self.push_frame(&dest, &mut pkt.hdr, pkt.frame);
+        self.push_frame(&dest, &mut pkt.hdr, pkt.frame)
     }
 }
 
@@ -501,7 +527,7 @@ impl GuestPort {
     /// Writes one frame into RX queue `q`: completes a partial checksum the guest cannot
     /// take (in place, clearing NEEDS_CSUM in `hdr` so later destinations of a flooded
     /// frame see it complete), sets the header the guest may see, counts, signals.
-    fn push_frame(&self, d: &Dest<'_>, hdr: &mut VirtioNetHdr, frame: &mut [u8]) {
+    fn push_frame(&self, d: &Dest<'_>, hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> bool {
         let Dest {
             rx,
             q,
@@ -514,12 +540,12 @@ impl GuestPort {
         let index = 2 * q;
         if rx.broken.is(index) {
             stats.rx_dropped.inc();
-            return;
+            return false;
         }
         let mut state = vring.get_mut();
         if !state.is_enabled() || !state.get_queue().ready() {
             stats.rx_dropped.inc();
-            return;
+            return false;
         }
         let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
         let completed = hdr.needs_csum() && !guest_csum;
@@ -529,7 +555,7 @@ impl GuestPort {
                 if self.warn.allow() {
                     warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
                 }
-                return;
+                return false;
             }
             hdr.flags &= !F_NEEDS_CSUM;
         }
@@ -551,6 +577,7 @@ impl GuestPort {
             &out,
             frame,
         );
+        let delivered = res.is_ok();
         let notify = match res {
             Ok(_) => {
                 stats.rx_packets.inc();
@@ -569,7 +596,7 @@ impl GuestPort {
                 stats.rx_errors.inc();
                 drop(state);
                 self.ring_broken(&rx.broken, index, &e);
-                return;
+                return false;
             }
             Err(e) => {
                 stats.rx_errors.inc();
@@ -580,7 +607,7 @@ impl GuestPort {
             }
         };
         if !notify {
-            return;
+            return delivered;
         }
         match wants_interrupt(state.get_queue_mut(), &*mem) {
             Ok(false) => {}
@@ -598,6 +625,7 @@ impl GuestPort {
                 self.ring_broken(&rx.broken, index, &e);
             }
         }
+        delivered
     }
 }
 
