@@ -279,10 +279,14 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
     let mut igmp = [0x16u8, 0, 0, 0, 239, 1, 2, 3];
     let c = fold_sum(0, &igmp);
     igmp[2..4].copy_from_slice(&(!(c as u16)).to_be_bytes());
-    let mut ip = vec![0x46, 0xc0, 0, 32, 0, 0, 0x40, 0, 1, 2, 0, 0, 10, 0, 0, 9, 239, 1, 2, 3, 0x94, 4, 0, 0];
+    let mut ip = vec![
+        0x46, 0xc0, 0, 32, 0, 0, 0x40, 0, 1, 2, 0, 0, 10, 0, 0, 9, 239, 1, 2, 3, 0x94, 4, 0, 0,
+    ];
     let c = fold_sum(0, &ip);
     ip[10..12].copy_from_slice(&(!(c as u16)).to_be_bytes());
-    let mut report = vec![0x01, 0x00, 0x5e, 0x00, 0x00, 0x01, 0x52, 0x54, 0, 0, 0, 9, 0x08, 0x00];
+    let mut report = vec![
+        0x01, 0x00, 0x5e, 0x00, 0x00, 0x01, 0x52, 0x54, 0, 0, 0, 9, 0x08, 0x00,
+    ];
     report.extend_from_slice(&ip);
     report.extend_from_slice(&igmp);
     // The port is up (an all-hosts frame lands) before the report is tried.
