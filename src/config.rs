@@ -9,7 +9,9 @@ use crate::control::qmp::QmpSpec;
 use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
 use crate::pipeline::csum_action::CsumAction;
+use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
 use crate::pipeline::router::{NextHop, Route, RouterIf};
+use crate::pipeline::source_lock::MacLock;
 use crate::ports::vhost_user::CtrlTuning;
 use crate::unix_socket::SocketAccess;
 use crate::wire::MacAddr;
@@ -179,6 +181,18 @@ pub struct RunArgs {
     /// (on-link out of port N). Needs --router-ip. Repeat.
     #[arg(long = "route", value_name = "PREFIX,via=ADDR|port=N")]
     pub routes: Vec<Route>,
+    /// Which source MACs a guest may send from (as `spoofchk` on an SR-IOV NIC): `auto`
+    /// locks a guest to the MAC served in config space (device attachment) and leaves the
+    /// net attachment open, where QEMU owns the MAC; `sticky` also locks a net-attachment
+    /// guest to the first unicast source it sends from; `off` never locks. Refused frames
+    /// count in `tx_spoofed`.
+    #[arg(long, default_value = "auto", value_name = "auto|sticky|off")]
+    pub port_mac_lock: MacLock,
+    /// Addresses the switch learns per port at most; beyond it a port's new source
+    /// addresses are not learned (`fdb_refused`), so a guest flooding random sources cannot
+    /// evict the others' stations.
+    #[arg(long, default_value_t = DEFAULT_PORT_LIMIT, value_name = "N")]
+    pub fdb_limit: usize,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -242,6 +256,8 @@ pub enum ConfigError {
         #[source]
         source: nix::errno::Errno,
     },
+    #[error("--fdb-limit must be at least 1")]
+    FdbLimit,
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -273,6 +289,8 @@ pub struct Config {
     pub socket_access: SocketAccess,
     pub router_ips: Vec<RouterIf>,
     pub routes: Vec<Route>,
+    pub mac_lock: MacLock,
+    pub fdb_limit: usize,
 }
 
 /// `--socket-mode`: octal permission bits that let the owner read and write.
@@ -373,6 +391,9 @@ impl TryFrom<RunArgs> for Config {
         if a.ctrl_wake_priority > 99 {
             return Err(ConfigError::CtrlWakePriority(a.ctrl_wake_priority));
         }
+        if a.fdb_limit == 0 {
+            return Err(ConfigError::FdbLimit);
+        }
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
             return Err(ConfigError::ExactLimit(a.exact_limit));
         }
@@ -453,6 +474,8 @@ impl TryFrom<RunArgs> for Config {
             socket_access,
             router_ips: a.router_ips,
             routes: a.routes,
+            mac_lock: a.port_mac_lock,
+            fdb_limit: a.fdb_limit,
         })
     }
 }

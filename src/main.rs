@@ -60,10 +60,13 @@ fn run(cfg: Config) -> ExitCode {
     let mut owned: Vec<std::path::PathBuf> = Vec::new();
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
     let table = RouteTable::new(cfg.router_ips.clone(), cfg.routes.clone());
-    let switch = Arc::new(Switch::with_queues(
-        Rules::with_router(nports, cfg.csum_actions.clone(), table),
-        usize::from(cfg.queue_pairs),
-    ));
+    let switch = Arc::new(
+        Switch::with_queues(
+            Rules::with_router(nports, cfg.csum_actions.clone(), table),
+            usize::from(cfg.queue_pairs),
+        )
+        .with_fdb_limit(cfg.fdb_limit),
+    );
     let mut ports = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {
@@ -78,15 +81,18 @@ fn run(cfg: Config) -> ExitCode {
             exact_limit: cfg.exact_limit,
             snoop: cfg.snoop,
         };
-        let port = Arc::new(GuestPort::new(
-            id,
-            g.socket.clone(),
-            cfg.queue_pairs,
-            net,
-            filter,
-            cfg.ctrl,
-            switch.clone(),
-        ));
+        let port = Arc::new(
+            GuestPort::new(
+                id,
+                g.socket.clone(),
+                cfg.queue_pairs,
+                net,
+                filter,
+                cfg.ctrl,
+                switch.clone(),
+            )
+            .with_mac_lock(cfg.mac_lock),
+        );
         match port.bind(cfg.socket_access) {
             Ok(l) => {
                 owned.push(g.socket.clone());

@@ -88,6 +88,11 @@ queue_counters!(
     route_unreachable,
     route_ttl_exceeded,
     route_errors,
+    tx_desc_limit,
+    rx_desc_limit,
+    tx_gso_refused,
+    tx_spoofed,
+    fdb_refused,
 );
 
 /// What one worker thread counts, for every port and queue: written by that thread only.

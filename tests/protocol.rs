@@ -807,3 +807,107 @@ fn hash_report_puts_the_rss_hash_in_the_header() {
     assert_eq!((h.hash_value, h.hash_report, h.num_buffers), (0x51cc_c178, 2, 1));
     assert_eq!(&got[20..], &f[..]);
 }
+
+/// Sends `f` as one TX chain (header `hdr`) at descriptor `slot` and waits for its used
+/// entry `used`.
+fn tx_frame(
+    g: &Guest,
+    txq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    slot: u16,
+    used: u16,
+    hdr: &VirtioNetHdr,
+    f: &[u8],
+) {
+    let at = 0x10_0000 + u64::from(slot) * 0x1_0000;
+    g.mem
+        .write_slice(&hdr.to_bytes()[..HDR], GuestAddress(at))
+        .unwrap();
+    g.mem.write_slice(f, GuestAddress(at + 0x1000)).unwrap();
+    txq.add_desc_chains(
+        &[
+            d(at, HDR as u32, F_NEXT, slot + 1),
+            d(at + 0x1000, f.len() as u32, 0, 0),
+        ],
+        slot,
+    )
+    .unwrap();
+    g.kick[1].write(1).unwrap();
+    wait_until("TX chain used", || txq.used().idx().load() == used);
+}
+
+const CTRL_MAC_ADDR: u64 = 1 << 23;
+
+/// Issue 16, `--port-mac-lock auto` (the default) in the device attachment: the guest sends
+/// only from the MAC served in config space, as spoofchk does on an SR-IOV VF. A frame from
+/// a neighbour's address never reaches the switch (so it cannot take that neighbour's
+/// forwarding entry), and the driver cannot switch its station address to another.
+#[test]
+fn a_locked_guest_cannot_send_from_or_move_to_another_address() {
+    let r = rig();
+    let g = Guest::connect(
+        &r.path,
+        VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_MAC_ADDR | PROTOCOL_FEATURES,
+    );
+    wait_until("attachment", || r.port.attachment() == Some("device"));
+    let txq = g.queue(1);
+    let own = frame("ff:ff:ff:ff:ff:ff", 60);
+    let mut spoofed = own.clone();
+    spoofed[6..12].copy_from_slice(&[0x52, 0x54, 0x00, 0xd0, 0xaa, 0x02]);
+    let hdr = VirtioNetHdr::default();
+    tx_frame(&g, &txq, 0, 1, &hdr, &own);
+    tx_frame(&g, &txq, 2, 2, &hdr, &spoofed);
+    tx_frame(&g, &txq, 4, 3, &hdr, &own);
+    let sent = r.sink.0.lock().unwrap().clone();
+    assert_eq!(
+        sent,
+        vec![own.clone(), own.clone()],
+        "only the guest's own frames pass"
+    );
+    let s = r.port.stats()[0];
+    assert_eq!((s.tx_packets, s.tx_spoofed, s.tx_dropped), (3, 1, 1));
+    assert_eq!(
+        r.port.source_lock.locked_to(),
+        Some("52:54:00:d0:aa:01".parse().unwrap())
+    );
+
+    // MAC_ADDR_SET: the same address is fine, another is refused and changes nothing.
+    let ctlq = g.queue(2);
+    let mut set = vec![1u8, 1];
+    set.extend_from_slice(&[0x52, 0x54, 0x00, 0xd0, 0xaa, 0x01]);
+    assert_eq!(send_ctrl(&g, &ctlq, 0, 0x12_0000, &set), 0);
+    set[2..].copy_from_slice(&[0x52, 0x54, 0x00, 0xd0, 0xaa, 0x02]);
+    assert_eq!(send_ctrl(&g, &ctlq, 1, 0x12_0000, &set), 1, "VIRTIO_NET_ERR");
+    assert_eq!(r.port.lock_ctrl().ctrl.rx.mac.to_string(), "52:54:00:d0:aa:01");
+}
+
+/// Issue 16: a TSO frame with `gso_size = 1` would become one segment per payload byte at
+/// every receiver without the offload. It is refused as it enters, once, and counted.
+#[test]
+fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let txq = g.queue(1);
+    let mut f = frame("52:54:00:00:00:09", 14);
+    // IPv4 (total length 2040) + TCP + 2000 bytes: 2000 segments at gso_size 1.
+    f.extend_from_slice(&[
+        0x45, 0, 0x07, 0xf8, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ]);
+    f.extend_from_slice(&[
+        0x30, 0x39, 0, 80, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0xff, 0xff, 0, 0, 0, 0,
+    ]);
+    f.resize(14 + 2040, 0x33);
+    let tso = |gso_size| VirtioNetHdr {
+        flags: 1,
+        gso_type: 1,
+        gso_size,
+        hdr_len: 54,
+        csum_start: 34,
+        csum_offset: 16,
+        ..Default::default()
+    };
+    tx_frame(&g, &txq, 0, 1, &tso(1), &f);
+    tx_frame(&g, &txq, 2, 2, &tso(536), &f);
+    let s = r.port.stats()[0];
+    assert_eq!((s.tx_gso, s.tx_gso_refused, s.tx_dropped), (2, 1, 1));
+    assert_eq!(r.sink.0.lock().unwrap().len(), 1, "only the sane frame went on");
+}

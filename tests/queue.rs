@@ -3,7 +3,8 @@
 //! lie), checking the used ring after each event.
 
 use dpaa_vnic::ports::vhost_user::queue::{
-    indirect_table, pop_ctrl, pop_tx, push_rx, ChainError, CtrlChain, RxError,
+    indirect_table, pop_ctrl, pop_tx, push_rx, push_rx_walked, ChainError, CtrlChain, RxError,
+    MAX_FRAME_DESCS,
 };
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -395,4 +396,118 @@ fn rx_fills_every_posted_buffer_then_drops() {
         push_rx(&mut q, &m, HDR, true, &VirtioNetHdr::default(), &f),
         Err(RxError::NoBuffers)
     ));
+}
+
+/// An indirect table of 65 534 zero-length descriptors and one short one at its end, in
+/// guest memory at `table`: the most descriptors one chain can hold (virtio-queue 0.18
+/// accepts tables of up to 65 535 entries).
+fn zero_length_table(m: &GuestMemoryMmap, table: u64, flags: u16, last_buf: u64) -> u32 {
+    const N: u64 = 65_535;
+    for i in 0..N - 1 {
+        m.write_obj(
+            d(0, 0, flags | F_NEXT, (i + 1) as u16),
+            GuestAddress(table + 16 * i),
+        )
+        .unwrap();
+    }
+    m.write_obj(d(last_buf, 64, flags, 0), GuestAddress(table + 16 * (N - 1)))
+        .unwrap();
+    (N * 16) as u32
+}
+
+/// Issue 16: 64 heads that all point at one indirect table of 65 534 zero-length
+/// descriptors. Before, every frame sent to this guest walked all 64 chains (4.2 million
+/// descriptors), gave up, rewound and consumed nothing, so the next frame paid again. Now a
+/// frame walks at most MAX_FRAME_DESCS + 1 and the chain that went past it is returned
+/// empty: each bad chain costs one bounded walk, once.
+#[test]
+fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
+    const HEADS: u16 = 64;
+    let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x30_0000)]).unwrap();
+    let vq = MockSplitQueue::new(&m, 256);
+    let len = zero_length_table(&m, 0x10_0000, F_WRITE, 0x20_0000);
+    let descs: Vec<(u16, RawDescriptor)> = (0..HEADS)
+        .map(|h| (h, d(0x10_0000, len, F_INDIRECT, 0)))
+        .collect();
+    let heads: Vec<u16> = (0..HEADS).collect();
+    publish(&vq, &descs, &heads);
+
+    // What the walk cost before the bound: every descriptor of every chain, per frame.
+    let mut peek: Queue = vq.create_queue().unwrap();
+    let before: usize = peek.iter(&m).unwrap().map(|c| c.count()).sum();
+    assert_eq!(before, HEADS as usize * 65_535);
+
+    let mut q: Queue = vq.create_queue().unwrap();
+    let f = frame(1500);
+    let hdr = VirtioNetHdr::default();
+    let mut total = 0usize;
+    for i in 0..HEADS {
+        let mut walked = 0;
+        let r = push_rx_walked(&mut q, &m, HDR, true, &hdr, &f, &mut walked);
+        assert!(
+            matches!(r, Err(RxError::Chain(ChainError::TooManyDescriptors))),
+            "frame {i}: {r:?}"
+        );
+        assert_eq!(walked, MAX_FRAME_DESCS + 1, "frame {i}");
+        // The chain is consumed, returned empty.
+        assert_eq!(used_idx(&vq), i + 1);
+        assert_eq!(used(&vq, i as usize), (u32::from(i), 0));
+        total += walked;
+    }
+    // Every bad chain is gone: the next frame costs nothing.
+    let mut walked = 0;
+    let r = push_rx_walked(&mut q, &m, HDR, true, &hdr, &f, &mut walked);
+    assert!(matches!(r, Err(RxError::NoBuffers)));
+    assert_eq!(walked, 0);
+
+    // A benign frame of the largest size, into 1.5 KiB mergeable buffers: the walk a good
+    // guest makes the sender pay.
+    let mb: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x30_0000)]).unwrap();
+    let vb = MockSplitQueue::new(&mb, 256);
+    let bufs: Vec<RawDescriptor> = (0..64u64)
+        .map(|i| d(0x10_0000 + i * 0x800, 1536, F_WRITE, 0))
+        .collect();
+    vb.add_desc_chains(&bufs, 0).unwrap();
+    let mut qb: Queue = vb.create_queue().unwrap();
+    let mut benign = 0;
+    let big = frame(65_535 + 14);
+    let n = push_rx_walked(&mut qb, &mb, HDR, true, &hdr, &big, &mut benign).unwrap();
+    assert_eq!(usize::from(n), benign);
+    let per_frame = (MAX_FRAME_DESCS + 1) as f64 / benign as f64;
+    eprintln!(
+        "rx walk per frame: hostile before {before}, after {} ({:.1}x a benign 64 KiB frame's {benign}); \
+         {HEADS} hostile chains cost {total} once in all, then nothing",
+        MAX_FRAME_DESCS + 1,
+        per_frame
+    );
+    assert!(per_frame < 8.0, "{per_frame}");
+    assert!(before / (MAX_FRAME_DESCS + 1) > 10_000);
+}
+
+/// The same table on the TX side: the chain is refused after MAX_FRAME_DESCS + 1
+/// descriptors instead of being walked whole, and the queue goes on.
+#[test]
+fn tx_zero_length_indirect_table_is_refused_after_the_bound() {
+    let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x30_0000)]).unwrap();
+    let vq = MockSplitQueue::new(&m, 16);
+    let len = zero_length_table(&m, 0x10_0000, 0, 0x20_0000);
+    m.write_slice(&[0u8; HDR], GuestAddress(0x21_0000)).unwrap();
+    publish(
+        &vq,
+        &[(0, d(0x10_0000, len, F_INDIRECT, 0)), (1, d(0x21_0000, 60, 0, 0))],
+        &[0, 1],
+    );
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut buf = vec![0u8; 65_562];
+    let t = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
+    assert!(
+        matches!(t.result, Err(ChainError::TooManyDescriptors)),
+        "{:?}",
+        t.result
+    );
+    assert_eq!(t.walked, MAX_FRAME_DESCS + 1);
+    q.add_used(&m, t.head, 0).unwrap();
+    let good = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
+    assert_eq!((good.head, good.walked), (1, 1));
+    assert_eq!(good.result.unwrap(), 60);
 }

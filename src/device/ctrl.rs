@@ -50,6 +50,8 @@ pub enum CtrlError {
     BadOffloads(u64),
     #[error("RSS configuration")]
     Rss(#[source] RssError),
+    #[error("station address {0}: the port is locked to the MAC it was given (--port-mac-lock)")]
+    MacLocked(MacAddr),
 }
 
 /// What an accepted command changed, for statistics and for the filter sync.

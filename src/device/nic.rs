@@ -20,6 +20,8 @@ pub struct NicState {
     pub filter: Filter,
     /// Net attachment with `--snoop`: the guest's own IGMP/MLD reports drive the filter.
     pub snoop: Option<Snooper>,
+    /// `--port-mac-lock`: the one station address the driver may set.
+    mac_lock: Option<MacAddr>,
 }
 
 impl NicState {
@@ -29,6 +31,7 @@ impl NicState {
             steering: Arc::new(SteeringCell::new(max_queue_pairs)),
             filter: Filter::new(regs, exact_limit, mac),
             snoop: None,
+            mac_lock: None,
         }
     }
 
@@ -92,7 +95,15 @@ impl NicState {
 
     /// Checks one control command (`CtrlState::parse`): its result is the ack.
     pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Command<'a>, CtrlError> {
-        self.ctrl.parse(feat, cmd)
+        match self.ctrl.parse(feat, cmd)? {
+            Command::MacAddr(m) if self.mac_lock.is_some_and(|l| l != m) => Err(CtrlError::MacLocked(m)),
+            c => Ok(c),
+        }
+    }
+
+    /// Locks the station address to `mac` (`--port-mac-lock`), or unlocks it.
+    pub fn set_mac_lock(&mut self, mac: Option<MacAddr>) {
+        self.mac_lock = mac;
     }
 
     /// Applies a command `parse` accepted, and brings the filter along.

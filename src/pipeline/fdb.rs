@@ -3,36 +3,72 @@
 //! A fixed open-addressing table of atomics: lookups are plain loads, learning an address
 //! that is already known writes nothing, so workers on different queues never contend on
 //! it in the steady state. No lock, no allocation after start-up.
+//!
+//! Guests choose the source addresses, so the slot hash is keyed (aHash, a random key per
+//! daemon start): a set of addresses built to crowd one neighbourhood under one key is a
+//! random set under another. Each port may hold at most `limit` entries, so a guest that
+//! floods random source addresses fills its own share, not the table: other ports'
+//! stations stay learned and their traffic is not flooded to the flooder.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use ahash::RandomState;
 
 use crate::wire::MacAddr;
 
 const SLOTS: usize = 4096;
 const PROBES: usize = 8;
+/// Default entries per port (`--fdb-limit`): a quarter of the table, so one port can
+/// never crowd out the others' neighbourhoods.
+pub const DEFAULT_PORT_LIMIT: usize = SLOTS / 4;
+
+/// What `learn` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learned {
+    /// Already there for this port (the steady state: nothing written), or not learnable
+    /// (a multicast source).
+    Known,
+    New,
+    /// The station moved here from another port.
+    Moved,
+    /// The port already holds its limit of entries: not learned.
+    Refused,
+}
 
 /// Entry layout: MAC in bits 16..64, port + 1 in bits 0..16 (0 marks an empty slot).
 pub struct Fdb {
     slots: Box<[AtomicU64]>,
+    key: RandomState,
+    /// Entries per port. Updated with atomic adds by whichever worker learns; two workers
+    /// racing for one slot can leave a count off by one until the entry changes again.
+    held: Box<[AtomicUsize]>,
+    limit: usize,
 }
 
 impl Default for Fdb {
     fn default() -> Self {
-        Fdb {
-            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
-        }
+        Fdb::new(1, DEFAULT_PORT_LIMIT)
     }
 }
 
-fn home(mac: u64) -> usize {
-    // Fibonacci hashing spreads the low-entropy OUI-heavy addresses.
-    (mac.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % SLOTS
-}
-
 impl Fdb {
+    /// A table for `ports` ports (0xffff at most), each holding at most `limit` entries.
+    pub fn new(ports: usize, limit: usize) -> Self {
+        Fdb {
+            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            key: RandomState::new(),
+            held: (0..ports.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            limit,
+        }
+    }
+
+    fn home(&self, mac: u64) -> usize {
+        self.key.hash_one(mac) as usize % SLOTS
+    }
+
     pub fn lookup(&self, mac: &MacAddr) -> Option<usize> {
         let key = mac.as_u64();
-        let h = home(key);
+        let h = self.home(key);
         for i in 0..PROBES {
             let e = self.slots[(h + i) % SLOTS].load(Ordering::Relaxed);
             if e == 0 {
@@ -45,35 +81,72 @@ impl Fdb {
         None
     }
 
+    /// Entries port `port` holds now.
+    pub fn held(&self, port: usize) -> usize {
+        self.held.get(port).map_or(0, |h| h.load(Ordering::Relaxed))
+    }
+
+    /// Takes one of `port`'s places, unless it holds its limit already.
+    fn take(&self, port: usize) -> bool {
+        let Some(h) = self.held.get(port) else {
+            return false;
+        };
+        h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < self.limit).then_some(n + 1)
+        })
+        .is_ok()
+    }
+
+    /// Gives back the place of the entry `e` (port + 1 in its low bits).
+    fn give_back(&self, e: u64) {
+        if let Some(h) = self.held.get(((e & 0xffff) as usize).wrapping_sub(1)) {
+            let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
     /// Records that `mac` was seen on `port`. Multicast sources are never learned.
-    pub fn learn(&self, mac: &MacAddr, port: usize) {
-        if mac.is_multicast() || port >= 0xffff {
-            return;
+    pub fn learn(&self, mac: &MacAddr, port: usize) -> Learned {
+        if mac.is_multicast() || port >= self.held.len().min(0xffff) {
+            return Learned::Known;
         }
         let key = mac.as_u64();
         let entry = (key << 16) | (port as u64 + 1);
-        let h = home(key);
+        let h = self.home(key);
         for i in 0..PROBES {
             let slot = &self.slots[(h + i) % SLOTS];
             let e = slot.load(Ordering::Relaxed);
             if e == entry {
-                return;
+                return Learned::Known;
             }
             if e >> 16 == key {
                 // The station moved to another port.
+                if !self.take(port) {
+                    return Learned::Refused;
+                }
                 slot.store(entry, Ordering::Relaxed);
-                return;
+                self.give_back(e);
+                return Learned::Moved;
             }
-            if e == 0
-                && slot
+            if e == 0 {
+                if !self.take(port) {
+                    return Learned::Refused;
+                }
+                if slot
                     .compare_exchange(0, entry, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
-            {
-                return;
+                {
+                    return Learned::New;
+                }
+                self.give_back(entry);
             }
         }
         // Neighbourhood full: evict the home slot, as a hardware hash table would.
-        self.slots[h].store(entry, Ordering::Relaxed);
+        if !self.take(port) {
+            return Learned::Refused;
+        }
+        let old = self.slots[h].swap(entry, Ordering::Relaxed);
+        self.give_back(old);
+        Learned::New
     }
 }
 
@@ -83,21 +156,24 @@ mod tests {
 
     #[test]
     fn learn_lookup_move() {
-        let f = Fdb::default();
+        let f = Fdb::new(4, 16);
         let a: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         assert_eq!(f.lookup(&a), None);
-        f.learn(&a, 3);
+        assert_eq!(f.learn(&a, 3), Learned::New);
+        assert_eq!(f.learn(&a, 3), Learned::Known);
         assert_eq!(f.lookup(&a), Some(3));
-        f.learn(&a, 0);
+        assert_eq!(f.learn(&a, 0), Learned::Moved);
         assert_eq!(f.lookup(&a), Some(0));
+        assert_eq!((f.held(0), f.held(3)), (1, 0));
         let group: MacAddr = "01:00:5e:00:00:01".parse().unwrap();
         f.learn(&group, 1);
         assert_eq!(f.lookup(&group), None, "multicast sources are never learned");
+        assert_eq!(f.learn(&a, 9), Learned::Known, "an unknown port learns nothing");
     }
 
     #[test]
     fn many_stations() {
-        let f = Fdb::default();
+        let f = Fdb::new(7, SLOTS);
         for i in 0..1000u64 {
             f.learn(&MacAddr::from_u64(0x0200_0000_0000 + i), (i % 7) as usize);
         }
@@ -106,5 +182,52 @@ mod tests {
             .count();
         // Eviction may drop a few under collisions, never return a wrong port.
         assert!(found > 990, "{found}");
+        assert_eq!((0..7).map(|p| f.held(p)).sum::<usize>(), 1000 - (1000 - found));
+    }
+
+    /// Issue 16: a guest flooding random source MACs. Without a per-port limit (the table
+    /// before) the flood evicted the other ports' stations, whose traffic was then flooded
+    /// to every port, the flooder's included. With it the flooder fills its own share.
+    #[test]
+    fn a_mac_flood_fills_the_flooder_s_share_only() {
+        let run = |limit: usize| {
+            let f = Fdb::new(3, limit);
+            let stations: Vec<MacAddr> = (0..200u64)
+                .map(|i| MacAddr::from_u64(0x5254_0000_0000 + i))
+                .collect();
+            for (i, m) in stations.iter().enumerate() {
+                f.learn(m, i % 2);
+            }
+            let mut refused = 0;
+            let mut x = 0x1234_5678_9abc_def1u64;
+            for _ in 0..100_000 {
+                // xorshift: random locally administered unicast sources.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let mac = MacAddr::from_u64((x & 0xfeff_ffff_ffff) | 0x0200_0000_0000);
+                if f.learn(&mac, 2) == Learned::Refused {
+                    refused += 1;
+                }
+            }
+            let kept = stations
+                .iter()
+                .enumerate()
+                .filter(|(i, m)| f.lookup(m) == Some(i % 2))
+                .count();
+            (kept, refused, f.held(2))
+        };
+        let (before, _, _) = run(usize::MAX);
+        let (kept, refused, held) = run(DEFAULT_PORT_LIMIT);
+        eprintln!("mac flood of 100 000 sources: other ports' stations kept {before} of 200 without a limit, {kept} with it");
+        assert!(
+            before < 50,
+            "the flood must really evict without a limit: {before} kept"
+        );
+        assert_eq!(held, DEFAULT_PORT_LIMIT);
+        assert!(refused >= 100_000 - DEFAULT_PORT_LIMIT - 8);
+        // Only the flooder's first DEFAULT_PORT_LIMIT learns could evict (when a whole
+        // neighbourhood of 8 was taken): a handful at most.
+        assert!(kept >= 195, "{kept} of 200 stations kept");
     }
 }

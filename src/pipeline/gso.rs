@@ -20,6 +20,12 @@ pub enum GsoError {
     Type(u8),
     #[error("GSO size 0")]
     ZeroSize,
+    #[error("GSO size {size} would make {segments} segments, more than {limit}")]
+    TooManySegments {
+        size: u16,
+        segments: usize,
+        limit: usize,
+    },
     #[error("GSO frame headers: {0}")]
     Headers(&'static str),
     #[error("GSO type {gso:#x} on a frame carrying IP protocol {proto}")]
@@ -43,6 +49,22 @@ pub fn segment_in_scratch(
     super::with_buffer(&SCRATCH, |buf| segment(hdr, frame, buf, emit))
 }
 
+/// Most segments one TCP GSO frame may become: a 64 KiB frame cut at 64 bytes, the smallest
+/// TSO MSS of Intel's i40e and ice (below it their drivers fall back to software GSO). A
+/// benign 64 KiB frame at MSS 1448 makes 46; without a bound, `gso_size = 1` made ~65 000
+/// segments for every receiver without the offload (~65 000 `writev` calls with
+/// `--tap-csum off`).
+pub const GSO_MAX_SEGS: usize = 1024;
+/// Most segments of a UDP GSO frame: Linux's UDP_MAX_SEGMENTS, which
+/// `virtio_net_hdr_to_skb` enforces on every virtio-net frame it takes in.
+pub const UDP_MAX_SEGMENTS: usize = 128;
+
+/// How many segments `frame` becomes, or why it is refused (a GSO type, header or size
+/// this module does not take, or more segments than the bound for its protocol).
+pub fn segment_count(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<usize, GsoError> {
+    layout(hdr, frame).map(|l| l.segments)
+}
+
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
@@ -55,6 +77,7 @@ struct Layout {
     hdrs: usize,
     v4: bool,
     tcp: bool,
+    segments: usize,
 }
 
 fn layout(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<Layout, GsoError> {
@@ -108,12 +131,23 @@ fn layout(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<Layout, GsoError> {
     if l4_len < if tcp { 20 } else { 8 } || l4 + l4_len > frame.len() {
         return Err(GsoError::Headers("truncated L4 header"));
     }
+    let hdrs = l4 + l4_len;
+    let segments = (frame.len() - hdrs).div_ceil(usize::from(hdr.gso_size)).max(1);
+    let limit = if tcp { GSO_MAX_SEGS } else { UDP_MAX_SEGMENTS };
+    if segments > limit {
+        return Err(GsoError::TooManySegments {
+            size: hdr.gso_size,
+            segments,
+            limit,
+        });
+    }
     Ok(Layout {
         l3,
         l4,
-        hdrs: l4 + l4_len,
+        hdrs,
         v4,
         tcp,
+        segments,
     })
 }
 
@@ -130,7 +164,7 @@ pub fn segment(
     let l = layout(hdr, frame)?;
     let mss = usize::from(hdr.gso_size);
     let payload = &frame[l.hdrs..];
-    let chunks = payload.len().div_ceil(mss).max(1);
+    let chunks = l.segments;
     let seg_hdr = VirtioNetHdr {
         flags: crate::wire::virtio_net_hdr::F_DATA_VALID,
         gso_type: GSO_NONE,
@@ -282,6 +316,73 @@ mod tests {
             assert_eq!(fold(partial_sum(&ip[40..], 0) + pseudo), 0xffff);
         }
         assert_eq!(segs.iter().map(|s| s.len() - 62).sum::<usize>(), len);
+    }
+
+    /// Issue 16: `gso_size = 1` on a 64 KiB frame. Each receiver without the offload got
+    /// one segment per payload byte; now the frame is refused, and the worst frame still
+    /// taken (cut at 64 bytes) costs a known factor over a benign one of the same size.
+    #[test]
+    fn a_one_byte_gso_size_is_refused_and_the_worst_accepted_frame_is_bounded() {
+        let f = tso4(65_495, 0x10);
+        let hdr = |gso_size| VirtioNetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size,
+            ..Default::default()
+        };
+        // (segments, bytes built) for one receiver that segments.
+        let cost = |size| {
+            let (mut segs, mut bytes) = (0usize, 0usize);
+            let r = segment(&hdr(size), &f, &mut Vec::new(), |_, s| {
+                segs += 1;
+                bytes += s.len();
+            });
+            (r, segs, bytes)
+        };
+        let (r, segs, _) = cost(1);
+        assert_eq!(
+            r,
+            Err(GsoError::TooManySegments {
+                size: 1,
+                segments: 65_495,
+                limit: GSO_MAX_SEGS
+            })
+        );
+        assert_eq!(segs, 0, "nothing is built for a refused frame");
+        let (r, worst, worst_bytes) = cost(64);
+        assert_eq!(r, Ok(1024));
+        let (r, benign, benign_bytes) = cost(1448);
+        assert_eq!(r, Ok(46));
+        assert_eq!((worst, benign), (1024, 46));
+        // Before the bound, size 1 built 65 495 segments of 55 bytes.
+        let before = (
+            65_495.0 / benign as f64,
+            (65_495 * 55) as f64 / benign_bytes as f64,
+        );
+        let after = (
+            worst as f64 / benign as f64,
+            worst_bytes as f64 / benign_bytes as f64,
+        );
+        eprintln!(
+            "gso, 64 KiB frame vs MSS 1448: before (size 1) {:.0}x segments, {:.0}x bytes; \
+             after (size 64, the worst taken) {:.0}x segments, {:.2}x bytes",
+            before.0, before.1, after.0, after.1
+        );
+        assert!(after.1 < 2.0 && after.0 < 25.0);
+        // UDP: Linux's own rule, at most 128 segments.
+        let mut u = f.clone();
+        u[23] = PROTO_UDP;
+        let uh = VirtioNetHdr {
+            gso_type: GSO_UDP_L4,
+            gso_size: 500,
+            ..Default::default()
+        };
+        assert!(matches!(
+            segment_count(&uh, &u),
+            Err(GsoError::TooManySegments {
+                limit: UDP_MAX_SEGMENTS,
+                ..
+            })
+        ));
     }
 
     #[test]

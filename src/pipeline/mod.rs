@@ -6,6 +6,7 @@ pub mod fdb;
 pub mod gso;
 pub mod router;
 pub mod rules;
+pub mod source_lock;
 pub mod switch;
 
 pub use switch::{Egress, Ingress, Packet, Switch};

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use log::trace;
 
 use super::csum_action::{self, Dir, Verdict};
-use super::fdb::Fdb;
+use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};
@@ -103,10 +103,16 @@ impl Switch {
     pub fn with_queues(rules: Rules, queues: usize) -> Self {
         Switch {
             ports: (0..rules.nports()).map(|_| OnceLock::new()).collect(),
-            fdb: Fdb::default(),
+            fdb: Fdb::new(rules.nports(), DEFAULT_PORT_LIMIT),
             tallies: Tallies::new(rules.nports(), queues),
             rules: LiveRules::new(rules),
         }
+    }
+
+    /// Each port may hold at most `limit` learned addresses (`--fdb-limit`).
+    pub fn with_fdb_limit(mut self, limit: usize) -> Self {
+        self.fdb = Fdb::new(self.ports.len(), limit);
+        self
     }
 
     /// Every worker's counters: register a worker with it, sum a port's counters from it.
@@ -144,7 +150,11 @@ impl Switch {
             return Forwarded::Dropped;
         };
         let (mut dst, smac): (MacAddr, MacAddr) = (eth.dst(), eth.src());
-        self.fdb.learn(&smac, src);
+        if self.fdb.learn(&smac, src) == Learned::Refused {
+            // Still forwarded; replies to it are flooded until an entry of the port's
+            // changes.
+            from.stats().fdb_refused.inc();
+        }
         let mut routed = false;
         let out = Out {
             rules: &rules,

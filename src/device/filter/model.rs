@@ -38,6 +38,18 @@ struct Hw {
     layout: Layout,
     refs: Vec<u32>,
     in_table: usize,
+    /// Adds refused since creation.
+    refused: u64,
+    /// Addresses of each list (unicast, multicast) the exact table could not take: full, or
+    /// their free slot past MAX_PROBE.
+    missing: [usize; 2],
+}
+
+/// Which of the guest's lists an address is on.
+#[derive(Debug, Clone, Copy)]
+enum List {
+    Unicast = 0,
+    Multicast = 1,
 }
 
 /// What one sync changed.
@@ -52,6 +64,8 @@ pub struct FilterStats {
     pub filter_syncs: u64,
     pub filter_adds: u64,
     pub filter_removes: u64,
+    /// Adds the exact table could not take (full, or no slot within MAX_PROBE of home).
+    pub table_refused: u64,
 }
 
 /// `ctl filter`'s view of the hardware side.
@@ -95,6 +109,8 @@ impl Filter {
                 layout,
                 refs: vec![0; MAX_BUCKETS],
                 in_table: 0,
+                refused: 0,
+                missing: [0; 2],
             },
             regs,
             layout,
@@ -137,13 +153,17 @@ impl Filter {
     fn publish_flags(&self) {
         let mut f = mode_flags(&self.mode);
         let mc_fits = match self.layout {
-            Layout::Exact => self.mc.len() <= self.exact_limit.min(TABLE_MAX),
+            Layout::Exact => {
+                self.mc.len() <= self.exact_limit && self.hw.missing[List::Multicast as usize] == 0
+            }
             _ => true,
         };
         if !mc_fits {
             f |= F_MC_OVERFLOW;
         }
-        if self.layout != Layout::Dtsec && self.uc.len() > UNICAST_EXACT {
+        if self.layout != Layout::Dtsec
+            && (self.uc.len() > UNICAST_EXACT || self.hw.missing[List::Unicast as usize] > 0)
+        {
             f |= F_UC_OVERFLOW;
         }
         self.regs.set_flags(f);
@@ -152,8 +172,10 @@ impl Filter {
     /// Brings the filter to the guest's full lists (one MAC_TABLE_SET).
     pub fn sync(&mut self, unicast: &[MacAddr], multicast: &[MacAddr]) -> SyncReport {
         let mut report = SyncReport::default();
+        let refused = self.hw.refused;
         sync_list(
             &mut self.hw,
+            List::Unicast,
             &mut self.uc,
             &mut self.prev_uc,
             unicast,
@@ -161,6 +183,7 @@ impl Filter {
         );
         sync_list(
             &mut self.hw,
+            List::Multicast,
             &mut self.mc,
             &mut self.prev_mc,
             multicast,
@@ -170,6 +193,7 @@ impl Filter {
         self.stats.filter_syncs += 1;
         self.stats.filter_adds += report.adds;
         self.stats.filter_removes += report.removes;
+        self.stats.table_refused += self.hw.refused - refused;
         report
     }
 
@@ -210,6 +234,7 @@ impl Filter {
 /// Diffs one list against the previous one and applies the changes.
 fn sync_list(
     hw: &mut Hw,
+    list: List,
     map: &mut HashMap<MacAddr, Entry>,
     prev: &mut Vec<MacAddr>,
     next: &[MacAddr],
@@ -227,7 +252,7 @@ fn sync_list(
         });
         e.count += 1;
         if e.count == 1 {
-            e.in_table = hw.add(mac);
+            e.in_table = hw.add(list, mac);
             report.adds += 1;
         }
     }
@@ -237,7 +262,7 @@ fn sync_list(
             if e.count == 0 {
                 let in_table = e.in_table;
                 map.remove(mac);
-                hw.remove(mac, in_table);
+                hw.remove(list, mac, in_table);
                 report.removes += 1;
             }
         }
@@ -287,23 +312,24 @@ fn common_suffix(a: &[u8], b: &[u8]) -> usize {
 }
 
 impl Hw {
-    fn add(&mut self, mac: &MacAddr) -> bool {
+    fn add(&mut self, list: List, mac: &MacAddr) -> bool {
         if let Some(b) = hash::bucket(self.layout, mac) {
             self.refs[b] += 1;
             if self.refs[b] == 1 {
                 self.regs.set_bucket(b, true);
             }
         }
-        if self.in_table < TABLE_MAX {
-            self.regs.insert(mac);
+        if self.in_table < TABLE_MAX && self.regs.insert(mac).is_some() {
             self.in_table += 1;
             true
         } else {
+            self.missing[list as usize] += 1;
+            self.refused += 1;
             false
         }
     }
 
-    fn remove(&mut self, mac: &MacAddr, in_table: bool) {
+    fn remove(&mut self, list: List, mac: &MacAddr, in_table: bool) {
         if let Some(b) = hash::bucket(self.layout, mac) {
             // A bucket is cleared only when its last address goes: others may still need it.
             self.refs[b] = self.refs[b].saturating_sub(1);
@@ -314,6 +340,8 @@ impl Hw {
         if in_table {
             self.regs.remove(mac);
             self.in_table -= 1;
+        } else {
+            self.missing[list as usize] -= 1;
         }
     }
 }
@@ -390,10 +418,32 @@ mod tests {
             FilterStats {
                 filter_syncs: 3,
                 filter_adds: 1001,
-                filter_removes: 1
+                filter_removes: 1,
+                table_refused: 0,
             }
         );
         assert_eq!(f.refs().iter().sum::<u32>(), 1000);
+    }
+
+    #[test]
+    fn an_address_the_table_refuses_opens_the_filter_until_it_goes() {
+        let mut f = filter(Layout::Exact, 100);
+        let m = MacAddr([0x01, 0, 0x5e, 1, 2, 3]);
+        let other = MacAddr([0x01, 0, 0x5e, 1, 2, 4]);
+        f.set_mode(RxMode {
+            promisc: false,
+            ..RxMode::default()
+        });
+        f.regs().block_home_of(&m);
+        f.sync(&[], &[m]);
+        // The exact layout cannot tell m from others without its entry: accept-all, counted.
+        assert!(f.view().mc_overflow);
+        assert_eq!(f.stats().table_refused, 1);
+        assert_eq!(f.regs().classify(&other), Verdict::Multicast);
+        f.sync(&[], &[]);
+        assert!(!f.view().mc_overflow);
+        assert_eq!(f.regs().classify(&other), Verdict::Reject);
+        assert_eq!(f.stats().table_refused, 1);
     }
 
     #[test]

@@ -3,9 +3,19 @@
 //! flags, station address and bucket bits are single atomic words; the exact-address table
 //! is an open-addressed array of atomics behind a sequence counter, so a reader that raced
 //! with a change retries instead of seeing a half-moved entry. No allocation after creation.
+//!
+//! The guest chooses the keys (with `--snoop`, 32 bits of every 33:33 MAC through its MLD
+//! reports), so the slot hash is keyed: aHash with a random key per filter (ahash 0.8's
+//! `RandomState`, designed against hash-flooding; std's SipHash would cost several times
+//! more per frame), and no entry sits more than
+//! [`MAX_PROBE`] slots past its home. A set built to collide under one key is a random set
+//! under another, and a lookup never probes more than [`MAX_PROBE`] slots whatever is in
+//! the table.
 
 use std::hint::spin_loop;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use ahash::RandomState;
 
 use super::hash::{self, MAX_BUCKETS};
 use super::Layout;
@@ -16,6 +26,12 @@ use crate::wire::MacAddr;
 pub const TABLE_SLOTS: usize = 1 << 16;
 /// Most addresses the exact table holds.
 pub const TABLE_MAX: usize = TABLE_SLOTS / 2;
+/// Farthest an entry may sit from its home slot. At a load of at most one half a random key
+/// set almost never comes near it (the longest displacement over 32 768 random keys is
+/// about 20; `an_adversarial_key_set_costs_what_a_random_one_does` measures it); an insert
+/// that would go past it is refused, and the model then treats the address as one the
+/// table could not take (accept-all for the exact layout, as when the table is full).
+pub const MAX_PROBE: usize = 64;
 const PRESENT: u64 = 1 << 48;
 
 pub const F_PROMISC: u32 = 1 << 0;
@@ -48,10 +64,8 @@ pub struct FilterRegs {
     buckets: [AtomicU64; MAX_BUCKETS / 64],
     seq: AtomicU64,
     table: Box<[AtomicU64]>,
-}
-
-fn home(key: u64) -> usize {
-    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize & (TABLE_SLOTS - 1)
+    /// The slot hash's key, drawn when the filter is created.
+    key: RandomState,
 }
 
 pub fn mode_flags(m: &RxMode) -> u32 {
@@ -77,7 +91,12 @@ impl FilterRegs {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             seq: AtomicU64::new(0),
             table: (0..TABLE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            key: RandomState::new(),
         }
+    }
+
+    fn home(&self, mac: u64) -> usize {
+        self.key.hash_one(mac) as usize & (TABLE_SLOTS - 1)
     }
 
     pub fn layout(&self) -> Layout {
@@ -119,9 +138,10 @@ impl FilterRegs {
                 spin_loop();
                 continue;
             }
-            let mut i = home(mac.as_u64());
+            let mut i = self.home(mac.as_u64());
             let mut found = false;
-            for _ in 0..TABLE_SLOTS {
+            // No entry sits farther than MAX_PROBE from its home (insert refuses it).
+            for _ in 0..=MAX_PROBE {
                 let e = self.table[i].load(Ordering::Relaxed);
                 if e == 0 {
                     break;
@@ -148,38 +168,43 @@ impl FilterRegs {
         self.seq.fetch_add(1, Ordering::Release);
     }
 
-    /// Adds `mac` (single writer). The caller keeps the count below TABLE_MAX.
-    pub(super) fn insert(&self, mac: &MacAddr) {
+    /// Adds `mac` (single writer): the number of slots probed, or `None` if the free slot
+    /// lies more than [`MAX_PROBE`] past its home (nothing is written). The caller keeps the
+    /// count below TABLE_MAX.
+    pub(super) fn insert(&self, mac: &MacAddr) -> Option<usize> {
         let entry = mac.as_u64() | PRESENT;
-        let mut i = home(mac.as_u64());
-        loop {
+        let mut i = self.home(mac.as_u64());
+        for probes in 1..=MAX_PROBE + 1 {
             let e = self.table[i].load(Ordering::Relaxed);
             if e == entry {
-                return;
+                return Some(probes);
             }
             if e == 0 {
                 // A reader either sees the entry or not; no other slot moves.
                 self.table[i].store(entry, Ordering::Release);
-                return;
+                return Some(probes);
             }
             i = (i + 1) & (TABLE_SLOTS - 1);
         }
+        None
     }
 
     /// Removes `mac` (single writer), closing the gap by shifting later entries back
     /// (linear probing without tombstones), inside a write section readers retry around.
     pub(super) fn remove(&self, mac: &MacAddr) {
         let entry = mac.as_u64() | PRESENT;
-        let mut i = home(mac.as_u64());
+        let mut i = self.home(mac.as_u64());
+        let mut probes = 0;
         loop {
             let e = self.table[i].load(Ordering::Relaxed);
-            if e == 0 {
+            if e == 0 || probes > MAX_PROBE {
                 return;
             }
             if e == entry {
                 break;
             }
             i = (i + 1) & (TABLE_SLOTS - 1);
+            probes += 1;
         }
         self.write_begin();
         let mut j = i;
@@ -189,7 +214,8 @@ impl FilterRegs {
             if e == 0 {
                 break;
             }
-            let k = home(e & !PRESENT);
+            let k = self.home(e & !PRESENT);
+            // Moving back only shortens an entry's distance from home, so MAX_PROBE holds.
             // Move e back to the hole at i unless its home lies cyclically in (i, j].
             let stays = if i <= j { i < k && k <= j } else { i < k || k <= j };
             if !stays {
@@ -199,6 +225,17 @@ impl FilterRegs {
         }
         self.table[i].store(0, Ordering::Relaxed);
         self.write_end();
+    }
+
+    /// Fills `mac`'s home slot and the MAX_PROBE after it with other entries, so that its
+    /// insert is refused (tests of what the model does then).
+    #[cfg(test)]
+    pub(super) fn block_home_of(&self, mac: &MacAddr) {
+        let h = self.home(mac.as_u64());
+        for d in 0..=MAX_PROBE {
+            self.table[(h + d) & (TABLE_SLOTS - 1)]
+                .store(PRESENT | (0x0100_5e70_0000 + d as u64), Ordering::Relaxed);
+        }
     }
 
     /// Empties everything (driver reset).
@@ -277,7 +314,7 @@ mod tests {
             .map(|i| MacAddr::from_u64(0x0100_5e00_0000 + i))
             .collect();
         for m in &macs {
-            r.insert(m);
+            assert!(r.insert(m).is_some());
         }
         assert!(macs.iter().all(|m| r.contains(m)));
         for m in macs.iter().step_by(2) {
@@ -298,7 +335,7 @@ mod tests {
             .map(|i| MacAddr::from_u64(0x0100_5e10_0000 + i))
             .collect();
         for m in &keep {
-            r.insert(m);
+            assert!(r.insert(m).is_some());
         }
         let stop = Arc::new(AtomicBool::new(false));
         let started = Arc::new(AtomicBool::new(false));
@@ -325,10 +362,125 @@ mod tests {
             let churn: Vec<MacAddr> = (0..256u64)
                 .map(|i| MacAddr::from_u64(0x0100_5e20_0000 + round * 256 + i))
                 .collect();
-            churn.iter().for_each(|m| r.insert(m));
+            churn.iter().for_each(|m| {
+                r.insert(m);
+            });
             churn.iter().for_each(|m| r.remove(m));
         }
         stop.store(true, Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0);
+    }
+
+    /// The slot function before the key (an unkeyed multiplicative hash), kept here to build
+    /// the set that attacked it.
+    fn unkeyed_home(mac: u64) -> usize {
+        (mac.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize & (TABLE_SLOTS - 1)
+    }
+
+    /// Slots probed to insert `keys` in order into an empty linear-probing table whose slot
+    /// function is `home` (no displacement limit): what the exact table cost before. Finds
+    /// each free slot through a union-find of taken runs, so the count comes fast even
+    /// where the probing itself is quadratic.
+    fn probes_unbounded(home: impl Fn(u64) -> usize, keys: &[u64]) -> u64 {
+        fn free(next: &mut [usize], i: usize) -> usize {
+            let mut r = i;
+            while next[r] != r {
+                r = next[r];
+            }
+            let mut j = i;
+            while next[j] != r {
+                let n = next[j];
+                next[j] = r;
+                j = n;
+            }
+            r
+        }
+        let mut next: Vec<usize> = (0..TABLE_SLOTS).collect();
+        let mut n = 0u64;
+        for &k in keys {
+            let h = home(k);
+            let slot = free(&mut next, h);
+            n += ((slot + TABLE_SLOTS - h) & (TABLE_SLOTS - 1)) as u64 + 1;
+            next[slot] = (slot + 1) & (TABLE_SLOTS - 1);
+        }
+        n
+    }
+
+    /// Multicast MACs (01:00:5e, the guest picks the low 23 bits) whose unkeyed home slot
+    /// lies below 2048: one in 32 random ones, as issue 16 describes. Deterministic.
+    fn colliding_set(n: usize) -> Vec<MacAddr> {
+        (0..1u64 << 23)
+            .map(|low| 0x0100_5e00_0000 | low)
+            .filter(|k| unkeyed_home(*k) < 2048)
+            .take(n)
+            .map(MacAddr::from_u64)
+            .collect()
+    }
+
+    fn insert_all(r: &FilterRegs, macs: &[MacAddr]) -> (u64, usize) {
+        let mut total = 0u64;
+        let mut worst = 0usize;
+        for m in macs {
+            let p = r.insert(m).expect("a random-looking set fits within MAX_PROBE");
+            total += p as u64;
+            worst = worst.max(p);
+        }
+        (total, worst)
+    }
+
+    #[test]
+    fn an_adversarial_key_set_costs_what_a_random_one_does() {
+        let bad = colliding_set(TABLE_MAX);
+        assert_eq!(bad.len(), TABLE_MAX);
+        // A benign set of the same size: consecutive groups, as a join loop makes them.
+        let benign: Vec<MacAddr> = (0..TABLE_MAX as u64)
+            .map(|i| MacAddr::from_u64(0x0100_5e40_0000 + i))
+            .collect();
+        let keys = |v: &[MacAddr]| v.iter().map(|m| m.as_u64()).collect::<Vec<_>>();
+
+        // Before: the unkeyed slot function, on the same two sets.
+        let before_bad = probes_unbounded(unkeyed_home, &keys(&bad));
+        let before_benign = probes_unbounded(unkeyed_home, &keys(&benign));
+        let before = before_bad as f64 / before_benign as f64;
+
+        // Now: the keyed table itself.
+        let r = FilterRegs::new(Layout::Exact, MacAddr::default());
+        let (bad_probes, bad_worst) = insert_all(&r, &bad);
+        let r2 = FilterRegs::new(Layout::Exact, MacAddr::default());
+        let (benign_probes, benign_worst) = insert_all(&r2, &benign);
+        let after = bad_probes as f64 / benign_probes as f64;
+        eprintln!(
+            "exact table, {TABLE_MAX} inserts: colliding/benign probes before {before:.0}x \
+             ({before_bad} / {before_benign}), after {after:.2}x ({bad_probes} / {benign_probes}); \
+             longest displacement {bad_worst} / {benign_worst}"
+        );
+        assert!(
+            before > 1000.0,
+            "the set must really attack the unkeyed hash: {before}"
+        );
+        assert!(
+            after < 1.5,
+            "keyed: the colliding set costs {after:.2}x a benign one"
+        );
+        assert!(bad_worst <= MAX_PROBE && benign_worst <= MAX_PROBE);
+        // Every entry is found, and a miss probes at most MAX_PROBE + 1 slots.
+        assert!(bad.iter().all(|m| r.contains(m)));
+        assert!(!r.contains(&MacAddr::from_u64(0x0100_5eff_ffff)));
+    }
+
+    #[test]
+    fn an_insert_past_the_probe_limit_is_refused_and_changes_nothing() {
+        let r = FilterRegs::new(Layout::Exact, MacAddr::default());
+        let m = MacAddr::from_u64(0x0100_5e01_0203);
+        let h = r.home(m.as_u64());
+        r.block_home_of(&m);
+        assert_eq!(r.insert(&m), None);
+        assert!(!r.contains(&m));
+        let used = r.table.iter().filter(|e| e.load(Ordering::Relaxed) != 0).count();
+        assert_eq!(used, MAX_PROBE + 1);
+        // Free the last slot of the window: now it fits, at the limit.
+        r.table[(h + MAX_PROBE) & (TABLE_SLOTS - 1)].store(0, Ordering::Relaxed);
+        assert_eq!(r.insert(&m), Some(MAX_PROBE + 1));
+        assert!(r.contains(&m));
     }
 }

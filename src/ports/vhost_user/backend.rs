@@ -23,11 +23,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu, Seen};
 use super::proxy::{ProxyError, RelayWatch};
-use super::queue::{add_used, indirect_table, pop_ctrl, pop_tx, wants_interrupt, BrokenRings, RingError};
+use super::queue::{
+    add_used, indirect_table, pop_ctrl, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError,
+};
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::ctrl::{Command, CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
+use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
 use crate::stats::TallyHandle;
@@ -43,6 +46,10 @@ const QUEUE_SIZE: usize = 1024;
 /// TX chains a worker serves per wake-up before it goes back to its event loop (and so
 /// notices a disconnect) and comes round again: Linux vhost-net's VHOST_NET_PKT_WEIGHT.
 const TX_BUDGET: usize = 256;
+/// Descriptors a worker walks per wake-up, likewise: a Linux guest's chains hold at most
+/// MAX_SKB_FRAGS + 2 (19 by default) descriptors, so 256 such chains fit; chains of up to
+/// MAX_FRAME_DESCS zero-length descriptors do not buy a guest more than this per wake.
+const TX_WALK_BUDGET: usize = 8192;
 /// Control commands served per wake-up, likewise (each may be a table of 64 Ki entries).
 const CTRL_BUDGET: usize = 64;
 
@@ -351,10 +358,11 @@ impl VnicBackend {
         }
         // Interrupt the driver only for chains actually returned.
         let mut returned = 0usize;
+        let mut walked = 0usize;
         let burst = 'wake: loop {
             vring.disable_notification().map_err(RingError)?;
             loop {
-                if returned == TX_BUDGET {
+                if returned == TX_BUDGET || walked >= TX_WALK_BUDGET {
                     // Notifications stay off: this thread comes back by itself.
                     break 'wake Burst::More;
                 }
@@ -371,6 +379,7 @@ impl VnicBackend {
                 };
                 let Some(t) = popped else { break };
                 returned += 1;
+                walked += t.walked;
                 match t.result {
                     Ok(n) => {
                         stats.tx_packets.inc();
@@ -384,8 +393,33 @@ impl VnicBackend {
                             }
                         };
                         trace!("port {}: tx {} bytes on pair {pair}", port.id, n - hdr_len);
+                        if !port.source_lock.allows(&buf[hdr_len..n]) {
+                            stats.tx_dropped.inc();
+                            stats.tx_spoofed.inc();
+                            if port.warn.allow() {
+                                warn!(
+                                    "port {}: tx queue {pair}: dropping a frame from a source MAC other \
+                                     than the port's (--port-mac-lock)",
+                                    port.id
+                                );
+                            }
+                            continue;
+                        }
                         if hdr.gso_type != GSO_NONE {
                             stats.tx_gso.inc();
+                            // Refused here, once, rather than at each receiver that would
+                            // have to segment it. Other GSO errors are for a receiver that
+                            // segments to find: one that takes GSO whole may accept them.
+                            if let Err(e @ (GsoError::TooManySegments { .. } | GsoError::ZeroSize)) =
+                                gso::segment_count(&hdr, &buf[hdr_len..n])
+                            {
+                                stats.tx_dropped.inc();
+                                stats.tx_gso_refused.inc();
+                                if port.warn.allow() {
+                                    warn!("port {}: tx queue {pair}: dropping GSO frame: {e}", port.id);
+                                }
+                                continue;
+                            }
                         }
                         port.snoop_frame(&buf[hdr_len..n]);
                         let mut pkt = Packet {
@@ -402,6 +436,9 @@ impl VnicBackend {
                     }
                     Err(e) => {
                         stats.tx_errors.inc();
+                        if matches!(e, ChainError::TooManyDescriptors) {
+                            stats.tx_desc_limit.inc();
+                        }
                         if port.warn.allow() {
                             warn!(
                                 "port {}: tx queue {pair}: dropping chain {}: {}",

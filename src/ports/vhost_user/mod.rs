@@ -26,7 +26,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use self::backend::VnicBackend;
-use self::queue::{push_rx, wants_interrupt, BrokenRings, RingError, RxError};
+use self::queue::{push_rx, wants_interrupt, BrokenRings, ChainError, RingError, RxError, MAX_FRAME_DESCS};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
@@ -36,6 +36,7 @@ use crate::device::rss::{Steered, SteeringCell};
 use crate::device::snoop;
 use crate::device::NicState;
 use crate::pipeline::gso;
+use crate::pipeline::source_lock::{MacLock, SourceLock};
 use crate::pipeline::{Egress, Packet, Switch};
 use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, QueueStats, Tally, TallyHandle};
 use crate::unix_socket::{self, SocketAccess};
@@ -130,6 +131,9 @@ pub struct GuestPort {
     warn: WarnLimiter,
     ctrl_tuning: CtrlTuning,
     snooping: bool,
+    mac_lock: MacLock,
+    /// The source addresses the attached driver may send from (`--port-mac-lock`).
+    pub source_lock: SourceLock,
 }
 
 impl GuestPort {
@@ -167,7 +171,15 @@ impl GuestPort {
             warn: WarnLimiter::default(),
             ctrl_tuning,
             snooping: filter.snoop.is_some(),
+            mac_lock: MacLock::Auto,
+            source_lock: SourceLock::default(),
         }
+    }
+
+    /// `--port-mac-lock`, applied from the next driver on.
+    pub fn with_mac_lock(mut self, mode: MacLock) -> Self {
+        self.mac_lock = mode;
+        self
     }
 
     /// TX path hook: a frame the guest sent that may be a membership report. Only the net
@@ -400,6 +412,11 @@ impl GuestPort {
 
     fn set_acked(&self, bits: u64) {
         self.acked.store(bits, Ordering::Relaxed);
+        // The device attachment serves the MAC in config space: the daemon knows it, and a
+        // locked guest may neither send from another nor switch to one (MAC_ADDR_SET).
+        let known = Negotiated { bits }.ctrl_vq().then_some(self.config.mac);
+        self.source_lock.attach(self.mac_lock, known);
+        self.lock_ctrl().set_mac_lock(self.source_lock.locked_to());
         self.guest_offloads
             .store(bits & GUEST_OFFLOAD_MASK, Ordering::Relaxed);
         // Refresh the published features if vrings are already known.
@@ -414,6 +431,8 @@ impl GuestPort {
 
     fn detach(&self) {
         self.rx.store(None);
+        self.source_lock.open();
+        self.lock_ctrl().set_mac_lock(None);
         self.acked.store(0, Ordering::Relaxed);
         self.connected.store(false, Ordering::Relaxed);
         self.reset();
@@ -591,6 +610,18 @@ impl GuestPort {
             Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
                 stats.rx_dropped.inc();
                 false
+            }
+            Err(RxError::Chain(ChainError::TooManyDescriptors)) => {
+                stats.rx_errors.inc();
+                stats.rx_desc_limit.inc();
+                if self.warn.allow() {
+                    warn!(
+                        "port {}: rx queue {q}: a frame's buffers took more than {MAX_FRAME_DESCS} descriptors; \
+                         those chains are returned empty",
+                        self.id
+                    );
+                }
+                true
             }
             Err(RxError::Ring(e)) => {
                 stats.rx_errors.inc();

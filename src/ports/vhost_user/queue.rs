@@ -19,6 +19,17 @@ use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
 /// smaller buffers than this allows loses the frame (counted as dropped).
 pub const MAX_RX_BUFFERS: usize = 64;
 
+/// Most descriptors walked for one frame: one TX chain, one control chain, or every RX
+/// chain one received frame is written into, zero-length and indirect ones included.
+/// virtio-queue 0.18 follows a chain for up to the queue size (32 768) and then an
+/// indirect table of up to 65 535 entries, so without this a guest could make each frame
+/// cost ~10^5 guest-memory reads. Linux never builds more than MAX_SKB_FRAGS + 2 (19 by
+/// default, 47 at the largest build option) per chain, and a mergeable-buffer frame of
+/// 64 KiB takes ~43 single-descriptor buffers of 1.5 KiB; DPDK's vhost library likewise
+/// refuses chains of more than BUF_VECTOR_MAX (256) buffers. A chain past the limit is
+/// returned to the driver used with length 0, so each bad chain costs its walk once.
+pub const MAX_FRAME_DESCS: usize = 256;
+
 #[derive(Debug, Error)]
 pub enum ChainError {
     #[error("descriptor chain is cut short (loop, bad next index, or longer than the queue)")]
@@ -29,6 +40,8 @@ pub enum ChainError {
     TooShort(usize),
     #[error("chain of more than {0} bytes")]
     TooLong(usize),
+    #[error("more than {MAX_FRAME_DESCS} descriptors for one frame")]
+    TooManyDescriptors,
     #[error("guest memory access at {addr:#x}+{len}")]
     Memory {
         addr: u64,
@@ -113,6 +126,8 @@ pub struct TxChain {
     pub head: u16,
     /// Bytes copied into the buffer (header included), or why the chain was refused.
     pub result: Result<usize, ChainError>,
+    /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
+    pub walked: usize,
 }
 
 /// Copies the next available TX chain into `buf` (header first). `None` when the queue is
@@ -127,26 +142,40 @@ pub fn pop_tx<M: GuestMemory>(
         return Ok(None);
     };
     let head = chain.head_index();
-    let result = copy_out(chain, mem, buf).and_then(|n| {
+    let mut walked = 0;
+    let result = copy_out(chain, mem, buf, &mut walked).and_then(|n| {
         if n < hdr_len {
             Err(ChainError::TooShort(n))
         } else {
             Ok(n)
         }
     });
-    Ok(Some(TxChain { head, result }))
+    Ok(Some(TxChain { head, result, walked }))
+}
+
+/// Counts one more descriptor walked against [`MAX_FRAME_DESCS`].
+#[inline]
+fn walk_one(walked: &mut usize) -> Result<(), ChainError> {
+    *walked += 1;
+    if *walked > MAX_FRAME_DESCS {
+        Err(ChainError::TooManyDescriptors)
+    } else {
+        Ok(())
+    }
 }
 
 fn copy_out<M: GuestMemory>(
     chain: DescriptorChain<&M>,
     mem: &M,
     buf: &mut [u8],
+    walked: &mut usize,
 ) -> Result<usize, ChainError> {
     let mut n = 0usize;
     // Starts true: a chain that yields no descriptor at all (unreadable head or indirect
     // table) is as broken as one cut short.
     let mut last_has_next = true;
     for d in chain {
+        walk_one(walked)?;
         last_has_next = d.has_next();
         if d.is_write_only() {
             return Err(ChainError::WrongDirection);
@@ -179,7 +208,11 @@ struct RxChain {
     capacity: usize,
 }
 
-fn collect_rx<M: GuestMemory>(chain: DescriptorChain<&M>) -> (u16, Result<RxChain, ChainError>) {
+/// Reads one RX chain, counting its descriptors into `walked` (the frame's whole walk).
+fn collect_rx<M: GuestMemory>(
+    chain: DescriptorChain<&M>,
+    walked: &mut usize,
+) -> (u16, Result<RxChain, ChainError>) {
     let head = chain.head_index();
     let mut rc = RxChain {
         head,
@@ -189,6 +222,9 @@ fn collect_rx<M: GuestMemory>(chain: DescriptorChain<&M>) -> (u16, Result<RxChai
     };
     let mut last_has_next = true;
     for d in chain {
+        if let Err(e) = walk_one(walked) {
+            return (head, Err(e));
+        }
         last_has_next = d.has_next();
         if !d.is_write_only() {
             return (head, Err(ChainError::WrongDirection));
@@ -240,6 +276,8 @@ fn write_at<M: GuestMemory>(mem: &M, rc: &RxChain, mut off: usize, mut src: &[u8
 /// On `NoBuffers`/`TooManyBuffers` nothing is consumed (the chains are put back). A broken
 /// chain is returned used with length 0, together with any good chains popped before it
 /// (the driver sees empty buffers and counts a length error), and the frame is dropped.
+/// So is a chain that takes the frame's walk past [`MAX_FRAME_DESCS`]: each bad chain is
+/// walked once, never again for the next frame.
 pub fn push_rx<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
@@ -247,6 +285,35 @@ pub fn push_rx<M: GuestMemory>(
     mrg_rxbuf: bool,
     hdr: &VirtioNetHdr,
     frame: &[u8],
+) -> Result<u16, RxError> {
+    push_rx_walked(q, mem, hdr_len, mrg_rxbuf, hdr, frame, &mut 0)
+}
+
+/// [`push_rx`], adding the descriptors it walked to `walked` (at most
+/// [`MAX_FRAME_DESCS`] + 1 per call).
+pub fn push_rx_walked<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    walked: &mut usize,
+) -> Result<u16, RxError> {
+    let mut walk = 0usize;
+    let res = push_rx_inner(q, mem, hdr_len, mrg_rxbuf, hdr, frame, &mut walk);
+    *walked += walk;
+    res
+}
+
+fn push_rx_inner<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    walked: &mut usize,
 ) -> Result<u16, RxError> {
     let total = hdr_len + frame.len();
     let mut chains: [Option<RxChain>; MAX_RX_BUFFERS] = std::array::from_fn(|_| None);
@@ -272,7 +339,7 @@ pub fn push_rx<M: GuestMemory>(
                 return Err(RxError::Ring(e));
             }
         };
-        let (head, collected) = collect_rx(chain);
+        let (head, collected) = collect_rx(chain, walked);
         let collected = collected.and_then(|rc| {
             if used == 0 && rc.capacity < hdr_len {
                 Err(ChainError::TooShort(rc.capacity))
@@ -382,7 +449,9 @@ fn read_ctrl<M: GuestMemory>(
     let mut ack = None;
     let mut evict = EvictList::default();
     let mut last_has_next = true;
+    let mut walked = 0;
     for d in chain {
+        walk_one(&mut walked)?;
         last_has_next = d.has_next();
         if d.is_write_only() {
             if d.len() > 0 {
