@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dpaa_vnic::pipeline::neigh::Neighbours;
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
@@ -125,23 +126,23 @@ fn bench_route_cache(c: &mut Criterion) {
             })
             .collect();
         let ifaces = vec!["0=10.1.0.1/24".parse().unwrap(), "1=10.2.0.1/24".parse().unwrap()];
-        let mut t = RouteTable::new(ifaces, table);
-        t.neigh
-            .insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
+        let t = RouteTable::new(ifaces, table);
+        let n = Neighbours::new(2, 16);
+        n.learn("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]), 1);
         // The last route added: a full lookup scans them all.
         let last = routes - 1;
         let dst = IpAddr::V4(Ipv4Addr::new(172, 16 + (last / 256) as u8, (last % 256) as u8, 7));
-        assert!(matches!(t.resolve(dst), Resolution::Forward { .. }));
+        assert!(matches!(t.resolve(dst, &n), Resolution::Forward { .. }));
         let mut cache = RouteCache::default();
         cache.get(1, dst);
-        if let Resolution::Forward { mac, port } = t.resolve(dst) {
+        if let Resolution::Forward { mac, port } = t.resolve(dst, &n) {
             cache.put(dst, mac, port);
         }
         g.bench_function("cache hit", |b| {
             b.iter(|| black_box(cache.get(1, black_box(dst))))
         });
         g.bench_function("miss: full lookup", |b| {
-            b.iter(|| black_box(t.resolve(black_box(dst))))
+            b.iter(|| black_box(t.resolve(black_box(dst), &n)))
         });
         g.finish();
     }

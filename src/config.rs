@@ -10,6 +10,7 @@ use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
+use crate::pipeline::neigh::DEFAULT_NEIGH_LIMIT;
 use crate::pipeline::router::{NextHop, Route, RouterIf};
 use crate::pipeline::source_lock::MacLock;
 use crate::ports::vhost_user::CtrlTuning;
@@ -193,6 +194,10 @@ pub struct RunArgs {
     /// evict the others' stations.
     #[arg(long, default_value_t = DEFAULT_PORT_LIMIT, value_name = "N")]
     pub fdb_limit: usize,
+    /// Router neighbours (ARP / NDP) kept per port at most; beyond it new ones are refused
+    /// (`neigh_refused`) until entries age out (5 minutes without a message from them).
+    #[arg(long, default_value_t = DEFAULT_NEIGH_LIMIT, value_name = "N")]
+    pub neigh_limit: usize,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -256,8 +261,8 @@ pub enum ConfigError {
         #[source]
         source: nix::errno::Errno,
     },
-    #[error("--fdb-limit must be at least 1")]
-    FdbLimit,
+    #[error("--fdb-limit and --neigh-limit must be at least 1")]
+    Limit,
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
 }
@@ -291,6 +296,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     pub mac_lock: MacLock,
     pub fdb_limit: usize,
+    pub neigh_limit: usize,
 }
 
 /// `--socket-mode`: octal permission bits that let the owner read and write.
@@ -391,8 +397,8 @@ impl TryFrom<RunArgs> for Config {
         if a.ctrl_wake_priority > 99 {
             return Err(ConfigError::CtrlWakePriority(a.ctrl_wake_priority));
         }
-        if a.fdb_limit == 0 {
-            return Err(ConfigError::FdbLimit);
+        if a.fdb_limit == 0 || a.neigh_limit == 0 {
+            return Err(ConfigError::Limit);
         }
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
             return Err(ConfigError::ExactLimit(a.exact_limit));
@@ -476,6 +482,7 @@ impl TryFrom<RunArgs> for Config {
             routes: a.routes,
             mac_lock: a.port_mac_lock,
             fdb_limit: a.fdb_limit,
+            neigh_limit: a.neigh_limit,
         })
     }
 }

@@ -93,6 +93,7 @@ queue_counters!(
     tx_gso_refused,
     tx_spoofed,
     fdb_refused,
+    neigh_refused,
 );
 
 /// What one worker thread counts, for every port and queue: written by that thread only.

@@ -232,10 +232,17 @@ pub struct RoutesView {
 pub fn routes(switch: &Switch) -> RoutesView {
     let rules = switch.rules().load();
     let t = &rules.router;
-    let mut neighbours: Vec<Neighbour> = t.neigh.iter().map(|(&ip, &mac)| Neighbour { ip, mac }).collect();
-    neighbours.sort_by_key(|n| n.ip);
+    let neighbours: Vec<Neighbour> = switch
+        .neighbours()
+        .list()
+        .into_iter()
+        .map(|(ip, mac)| Neighbour { ip, mac })
+        .collect();
     RoutesView {
-        generation: rules.generation(),
+        generation: crate::pipeline::router::cache_generation(
+            rules.generation(),
+            switch.neighbours().generation(),
+        ),
         router_mac: crate::pipeline::router::ROUTER_MAC,
         interfaces: t.ifaces.iter().map(ToString::to_string).collect(),
         routes: t.routes.iter().map(ToString::to_string).collect(),

@@ -7,6 +7,8 @@
 //! Linux's per-CPU cached output route, with a generation number instead of a refcount.
 
 use std::collections::HashMap;
+
+use super::neigh::Neighbours;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -212,7 +214,6 @@ impl Lpm {
 pub struct RouteTable {
     pub ifaces: Vec<RouterIf>,
     pub routes: Vec<Route>,
-    pub neigh: HashMap<IpAddr, MacAddr>,
     lpm: Lpm,
 }
 
@@ -302,12 +303,12 @@ impl RouteTable {
         self.lpm.lookup(dst).map(|(port, gw)| (port, gw.unwrap_or(dst)))
     }
 
-    pub fn resolve(&self, dst: IpAddr) -> Resolution {
+    pub fn resolve(&self, dst: IpAddr, neigh: &Neighbours) -> Resolution {
         let Some((port, next_hop)) = self.lookup(dst) else {
             return Resolution::NoRoute;
         };
-        match self.neigh.get(&next_hop) {
-            Some(&mac) => Resolution::Forward { mac, port },
+        match neigh.get(&next_hop) {
+            Some(mac) => Resolution::Forward { mac, port },
             None => match self.source_for(port, next_hop) {
                 Some(from) => Resolution::Unresolved { next_hop, port, from },
                 None => Resolution::NoRoute,
@@ -384,6 +385,21 @@ impl RouteCache {
     }
 }
 
+/// What a worker resolves against: the rules' router table, the neighbours, and the
+/// generation its route cache must hold ([`cache_generation`]).
+pub struct Lookup<'a> {
+    pub table: &'a RouteTable,
+    pub neigh: &'a Neighbours,
+    pub generation: u64,
+}
+
+/// The generation a route cache follows: the rules' (bumped by every published change)
+/// and the neighbours' (bumped when one changes or ages out), in one word. The rules'
+/// count would need 2^40 published changes to reach the neighbours' bits.
+pub fn cache_generation(rules: u64, neigh: u64) -> u64 {
+    rules.wrapping_add(neigh << 40)
+}
+
 /// What the switch does with a frame after the router looked at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -416,22 +432,20 @@ impl Outcome {
 /// Looks at one untagged frame that entered on `port`: ARP for the router's addresses and
 /// neighbours, IPv4 addressed to the router's MAC. Counters go to the ingress queue.
 pub fn handle(
-    table: &RouteTable,
-    generation: u64,
+    at: &Lookup<'_>,
     port: usize,
     frame: &mut [u8],
     cache: &mut RouteCache,
     stats: &QueueStats,
 ) -> Outcome {
+    let table = at.table;
     if frame.len() < HEADER_LEN {
         return Outcome::step(Step::Switch);
     }
     match u16::from_be_bytes([frame[12], frame[13]]) {
         ETHERTYPE_ARP => arp(table, port, frame, cache),
-        ETHERTYPE_IPV4 if frame[..6] == ROUTER_MAC.0 => {
-            Outcome::step(ipv4(table, generation, port, frame, cache, stats))
-        }
-        ETHERTYPE_IPV6 => ipv6(table, generation, port, frame, cache, stats),
+        ETHERTYPE_IPV4 if frame[..6] == ROUTER_MAC.0 => Outcome::step(ipv4(at, port, frame, cache, stats)),
+        ETHERTYPE_IPV6 => ipv6(at, port, frame, cache, stats),
         _ => Outcome::step(Step::Switch),
     }
 }
@@ -497,14 +511,8 @@ fn icmp_error(
     Step::Emit { port }
 }
 
-fn ipv4(
-    table: &RouteTable,
-    generation: u64,
-    port: usize,
-    frame: &mut [u8],
-    cache: &mut RouteCache,
-    stats: &QueueStats,
-) -> Step {
+fn ipv4(at: &Lookup<'_>, port: usize, frame: &mut [u8], cache: &mut RouteCache, stats: &QueueStats) -> Step {
+    let table = at.table;
     let ip = &frame[HEADER_LEN..];
     let (hl, total, dst, ttl, proto) = match Ipv4Packet::new_checked(ip) {
         Ok(p) => (p.header_len(), p.total_len(), p.dst(), p.ttl(), p.protocol()),
@@ -532,7 +540,7 @@ fn ipv4(
         stats.route_ttl_exceeded.inc();
         return icmp_error(table, port, frame, cache, icmp::TIME_EXCEEDED, 0);
     }
-    let mac = match cached_resolve(table, generation, dst, cache, stats) {
+    let mac = match cached_resolve(at, dst, cache, stats) {
         Resolution::Forward { mac, .. } => mac,
         Resolution::Unresolved {
             next_hop: IpAddr::V4(hop),
@@ -574,19 +582,13 @@ fn ipv4(
 
 /// The next hop for `dst`, from the worker's cache when it holds this generation, else
 /// from the table (a forwardable answer is then cached). Counts hits and misses.
-fn cached_resolve(
-    table: &RouteTable,
-    generation: u64,
-    dst: IpAddr,
-    cache: &mut RouteCache,
-    stats: &QueueStats,
-) -> Resolution {
-    if let Some((mac, port)) = cache.get(generation, dst) {
+fn cached_resolve(at: &Lookup<'_>, dst: IpAddr, cache: &mut RouteCache, stats: &QueueStats) -> Resolution {
+    if let Some((mac, port)) = cache.get(at.generation, dst) {
         stats.route_cache_hit.inc();
         return Resolution::Forward { mac, port };
     }
     stats.route_cache_miss.inc();
-    let r = table.resolve(dst);
+    let r = at.table.resolve(dst, at.neigh);
     if let Resolution::Forward { mac, port } = r {
         cache.put(dst, mac, port);
     }
@@ -597,13 +599,13 @@ fn cached_resolve(
 /// destination MAC: solicitations go to multicast), then routing of what is sent to the
 /// router's MAC.
 fn ipv6(
-    table: &RouteTable,
-    generation: u64,
+    at: &Lookup<'_>,
     port: usize,
     frame: &mut [u8],
     cache: &mut RouteCache,
     stats: &QueueStats,
 ) -> Outcome {
+    let table = at.table;
     let to_router = frame[..6] == ROUTER_MAC.0;
     let ip = &frame[HEADER_LEN..];
     // A header that does not parse, or a payload length past the frame, is the router's
@@ -683,7 +685,7 @@ fn ipv6(
         stats.route_ttl_exceeded.inc();
         return Outcome::step(err(ndp::TIME_EXCEEDED, 0, frame, cache));
     }
-    let mac = match cached_resolve(table, generation, dst, cache, stats) {
+    let mac = match cached_resolve(at, dst, cache, stats) {
         Resolution::Forward { mac, .. } => mac,
         Resolution::Unresolved {
             next_hop: IpAddr::V6(hop),
@@ -722,10 +724,14 @@ mod tests {
             ],
             ..Default::default()
         };
-        t.neigh
-            .insert("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]));
         t.reindex();
         t
+    }
+
+    fn neighbours() -> Neighbours {
+        let n = Neighbours::new(2, 16);
+        n.learn("10.2.0.9".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 9]), 1);
+        n
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -735,6 +741,7 @@ mod tests {
     #[test]
     fn longest_prefix_wins() {
         let t = table();
+        let n = neighbours();
         assert_eq!(t.lookup(ip("10.1.0.7")), Some((0, ip("10.1.0.7"))));
         assert_eq!(t.lookup(ip("192.168.1.1")), Some((1, ip("10.2.0.9"))));
         assert_eq!(t.lookup(ip("192.168.7.5")), Some((0, ip("192.168.7.5"))));
@@ -742,21 +749,21 @@ mod tests {
         assert_eq!(t.lookup(ip("172.16.0.1")), None);
         assert_eq!(t.lookup(ip("8.8.8.8")), None);
         assert_eq!(
-            t.resolve(ip("192.168.1.1")),
+            t.resolve(ip("192.168.1.1"), &n),
             Resolution::Forward {
                 mac: MacAddr([2, 0, 0, 0, 0, 9]),
                 port: 1
             }
         );
         assert_eq!(
-            t.resolve(ip("10.1.0.7")),
+            t.resolve(ip("10.1.0.7"), &n),
             Resolution::Unresolved {
                 next_hop: ip("10.1.0.7"),
                 port: 0,
                 from: ip("10.1.0.1")
             }
         );
-        assert_eq!(t.resolve(ip("8.8.8.8")), Resolution::NoRoute);
+        assert_eq!(t.resolve(ip("8.8.8.8"), &n), Resolution::NoRoute);
         assert!(t.is_neighbour(0, ip("10.1.0.7")));
         assert!(!t.is_neighbour(1, ip("10.1.0.7")));
         assert!(!t.is_neighbour(0, ip("10.1.0.1")));

@@ -1,21 +1,19 @@
 //! The pipeline's live configuration: immutable snapshots that workers read without a lock
 //! and the control path replaces whole (read-copy-update through `ArcSwap`).
 
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
 use super::csum_action::{CsumAction, Dir};
 use super::router::RouteTable;
-use crate::wire::MacAddr;
 
 /// One snapshot. Workers load it per packet; nothing in it is written after publication.
 #[derive(Debug, Default, Clone)]
 pub struct Rules {
     /// Checksum actions in the order they run.
     pub actions: Vec<CsumAction>,
-    /// Router interfaces, routes and neighbours.
+    /// Router interfaces and routes (neighbours live apart: pipeline/neigh.rs).
     pub router: RouteTable,
     /// Bumped by every published change: route caches keyed on it drop stale entries.
     generation: u64,
@@ -69,8 +67,8 @@ impl Rules {
     }
 }
 
-/// The published snapshot plus a writer lock, so concurrent edits (`ctl`, neighbours
-/// learned by different workers) do not lose each other's changes. Readers never take it.
+/// The published snapshot plus a writer lock, so concurrent edits (`ctl` clients) do not
+/// lose each other's changes. Readers never take it.
 #[derive(Debug, Default)]
 pub struct LiveRules {
     current: ArcSwap<Rules>,
@@ -102,19 +100,6 @@ impl LiveRules {
         next.index();
         self.current.store(Arc::new(next));
         Ok(())
-    }
-
-    /// Records a neighbour's MAC. Publishes (and so invalidates route caches) only when the
-    /// entry is new or changed: ARP refreshes of known neighbours cost a lookup.
-    pub fn learn_neighbour(&self, ip: IpAddr, mac: MacAddr) -> bool {
-        if self.load().router.neigh.get(&ip) == Some(&mac) {
-            return false;
-        }
-        self.update(|r| {
-            r.router.neigh.insert(ip, mac);
-            Ok::<_, std::convert::Infallible>(())
-        })
-        .is_ok()
     }
 }
 
@@ -148,17 +133,5 @@ mod tests {
             .is_err());
         assert!(live.load().actions().is_empty());
         assert_eq!(live.load().generation(), before.generation() + 1);
-    }
-
-    #[test]
-    fn learning_a_known_neighbour_publishes_nothing() {
-        let live = LiveRules::new(Rules::new(1, Vec::new()));
-        let (ip, mac) = ("10.0.0.2".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 2]));
-        let g = live.load().generation();
-        assert!(live.learn_neighbour(ip, mac));
-        assert!(!live.learn_neighbour(ip, mac));
-        assert_eq!(live.load().generation(), g + 1);
-        assert!(live.learn_neighbour(ip, MacAddr([2, 0, 0, 0, 0, 3])));
-        assert_eq!(live.load().generation(), g + 2);
     }
 }

@@ -8,6 +8,7 @@ use log::trace;
 
 use super::csum_action::{self, Dir, Verdict};
 use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
+use super::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};
@@ -70,6 +71,7 @@ thread_local! {
 pub struct Switch {
     ports: Vec<OnceLock<Arc<dyn Egress>>>,
     fdb: Fdb,
+    neigh: Neighbours,
     rules: LiveRules,
     tallies: Arc<Tallies>,
 }
@@ -104,6 +106,7 @@ impl Switch {
         Switch {
             ports: (0..rules.nports()).map(|_| OnceLock::new()).collect(),
             fdb: Fdb::new(rules.nports(), DEFAULT_PORT_LIMIT),
+            neigh: Neighbours::new(rules.nports(), DEFAULT_NEIGH_LIMIT),
             tallies: Tallies::new(rules.nports(), queues),
             rules: LiveRules::new(rules),
         }
@@ -113,6 +116,17 @@ impl Switch {
     pub fn with_fdb_limit(mut self, limit: usize) -> Self {
         self.fdb = Fdb::new(self.ports.len(), limit);
         self
+    }
+
+    /// Each port may hold at most `limit` router neighbours (`--neigh-limit`).
+    pub fn with_neigh_limit(mut self, limit: usize) -> Self {
+        self.neigh = Neighbours::new(self.ports.len(), limit);
+        self
+    }
+
+    /// The router's neighbours.
+    pub fn neighbours(&self) -> &Neighbours {
+        &self.neigh
     }
 
     /// Every worker's counters: register a worker with it, sum a port's counters from it.
@@ -162,16 +176,16 @@ impl Switch {
             flow: from.queue,
         };
         if rules.router.enabled() {
-            let r = router::handle(
-                &rules.router,
-                rules.generation(),
-                src,
-                pkt.frame,
-                from.routes,
-                from.tally.at(src, from.queue),
-            );
+            let at = router::Lookup {
+                table: &rules.router,
+                neigh: &self.neigh,
+                generation: router::cache_generation(rules.generation(), self.neigh.generation()),
+            };
+            let r = router::handle(&at, src, pkt.frame, from.routes, from.tally.at(src, from.queue));
             if let Some((ip, mac)) = r.learn {
-                self.rules.learn_neighbour(ip, mac);
+                if self.neigh.learn(ip, mac, src) == NeighLearned::Refused {
+                    from.stats().neigh_refused.inc();
+                }
             }
             match r.step {
                 Step::Switch => {}
@@ -462,7 +476,7 @@ mod tests {
                 (a.op(), a.sender_mac(), &reply[..6]),
                 (arp::OP_REPLY, ROUTER_MAC, &A.0[..])
             );
-            assert_eq!(sw.rules().load().router.neigh.get(&a_ip.into()), Some(&A));
+            assert_eq!(sw.neighbours().get(&a_ip.into()), Some(A));
 
             // To B, not yet resolved: the router asks on port 1 and drops the packet.
             assert_eq!(go(0, udp_to(b_ip.octets(), 64)), Forwarded::Routed);
@@ -598,7 +612,7 @@ mod tests {
                 (ndp::NEIGHBOR_ADVERT, ip6("fd00:1::1"), Some(ROUTER_MAC))
             );
             assert_eq!(&na[..6], &A.0[..]);
-            assert_eq!(sw.rules().load().router.neigh.get(&a_ip.into()), Some(&A));
+            assert_eq!(sw.neighbours().get(&a_ip.into()), Some(A));
             // A packet for B: the router solicits B on port 1 and drops it.
             let mut pkt = ROUTER_MAC.0.to_vec();
             pkt.extend_from_slice(&A.0);
