@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::control::qmp::QmpSpec;
 use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
+use crate::device::snoop::DEFAULT_MAX_GROUPS;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
 use crate::pipeline::neigh::DEFAULT_NEIGH_LIMIT;
@@ -148,6 +149,10 @@ pub struct RunArgs {
     /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub snoop_timeout: u64,
+    /// With --snoop: groups one guest may hold; joins beyond are ignored and counted
+    /// (`snoop_groups_refused`).
+    #[arg(long, default_value_t = DEFAULT_MAX_GROUPS, value_name = "N")]
+    pub snoop_max_groups: usize,
     /// Checksum offload on the tap: `on` passes partial checksums both ways (fast); `off`
     /// completes them, so the host and captures on the tap see only final checksums.
     #[arg(long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
@@ -261,7 +266,7 @@ pub enum ConfigError {
         #[source]
         source: nix::errno::Errno,
     },
-    #[error("--fdb-limit and --neigh-limit must be at least 1")]
+    #[error("--fdb-limit, --neigh-limit and --snoop-max-groups must be at least 1")]
     Limit,
     #[error("--exact-limit {0} is out of range 1..={max}", max = crate::device::filter::regs::TABLE_MAX)]
     ExactLimit(usize),
@@ -297,6 +302,7 @@ pub struct Config {
     pub mac_lock: MacLock,
     pub fdb_limit: usize,
     pub neigh_limit: usize,
+    pub snoop_max_groups: usize,
 }
 
 /// `--socket-mode`: octal permission bits that let the owner read and write.
@@ -397,7 +403,7 @@ impl TryFrom<RunArgs> for Config {
         if a.ctrl_wake_priority > 99 {
             return Err(ConfigError::CtrlWakePriority(a.ctrl_wake_priority));
         }
-        if a.fdb_limit == 0 || a.neigh_limit == 0 {
+        if a.fdb_limit == 0 || a.neigh_limit == 0 || a.snoop_max_groups == 0 {
             return Err(ConfigError::Limit);
         }
         if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
@@ -483,6 +489,7 @@ impl TryFrom<RunArgs> for Config {
             mac_lock: a.port_mac_lock,
             fdb_limit: a.fdb_limit,
             neigh_limit: a.neigh_limit,
+            snoop_max_groups: a.snoop_max_groups,
         })
     }
 }

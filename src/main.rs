@@ -80,6 +80,7 @@ fn run(cfg: Config) -> ExitCode {
             layout: cfg.filter,
             exact_limit: cfg.exact_limit,
             snoop: cfg.snoop,
+            snoop_max_groups: cfg.snoop_max_groups,
         };
         let port = Arc::new(
             GuestPort::new(

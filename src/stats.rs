@@ -227,7 +227,13 @@ pub struct EventCounter(AtomicU64);
 
 impl EventCounter {
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    pub fn add(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     pub fn get(&self) -> u64 {
@@ -257,7 +263,8 @@ macro_rules! event_counters {
 }
 
 event_counters!(
-    /// What a guest port's frontends did to it, counted by whichever thread saw it.
+    /// What a guest port's frontends (and, for the snooper's bounds, its guests) did to it,
+    /// counted by whichever thread saw it.
     ConnStats, ConnSnapshot {
         /// Frontends accepted on the port's socket.
         connections,
@@ -270,6 +277,11 @@ event_counters!(
         /// Guest memory that vanished under its mapping (a file truncated after
         /// SET_MEM_TABLE): the access read zeros and the connection was ended.
         memory_faults,
+        /// `--snoop`: joins ignored because the guest held `--snoop-max-groups` groups.
+        snoop_groups_refused,
+        /// `--snoop`: groups whose INCLUDE source list outgrew the snooper's bound, kept as
+        /// wanted whatever their sources.
+        snoop_sources_capped,
     }
 );
 

@@ -44,6 +44,7 @@ struct Rig {
     path: PathBuf,
     port: Arc<GuestPort>,
     sink: Arc<Sink>,
+    switch: Arc<Switch>,
     /// The test's own worker counters, for frames it sends into the port.
     tally: TallyHandle,
 }
@@ -74,6 +75,7 @@ fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
         layout: Layout::Memac,
         exact_limit: 4096,
         snoop,
+        snoop_max_groups: 16_384,
     };
     let port = Arc::new(GuestPort::new(
         0,
@@ -96,6 +98,7 @@ fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
         port,
         sink,
         tally: switch.tallies().register(),
+        switch,
     }
 }
 
@@ -910,4 +913,34 @@ fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
     let s = r.port.stats()[0];
     assert_eq!((s.tx_gso, s.tx_gso_refused, s.tx_dropped), (2, 1, 1));
     assert_eq!(r.sink.0.lock().unwrap().len(), 1, "only the sane frame went on");
+}
+
+/// Issue 16: `ctl stats` and `/metrics` read a port without its control lock, so a guest
+/// whose commands or reports hold it (here: a thread that holds it for a while) delays
+/// no one else.
+#[test]
+fn stats_are_read_without_waiting_for_the_control_lock() {
+    use dpaa_vnic::control::server::Daemon;
+    use dpaa_vnic::control::view::{self, PortRef};
+    let r = rig();
+    let d = Arc::new(Daemon {
+        ports: vec![PortRef::Guest(r.port.clone())],
+        switch: r.switch.clone(),
+        refused: Default::default(),
+    });
+    let held = r.port.lock_ctrl();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d2 = d.clone();
+    thread::spawn(move || {
+        let v = view::stats(&d2);
+        let text = dpaa_vnic::control::metrics::render(&v);
+        tx.send(text.contains("dpaa_vnic_filter_syncs_total")).unwrap();
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(5));
+    drop(held);
+    assert_eq!(
+        answered,
+        Ok(true),
+        "stats and metrics answered while the lock was held"
+    );
 }

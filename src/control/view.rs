@@ -90,7 +90,7 @@ pub fn stats(d: &Daemon) -> StatsView {
         let ps = match p {
             PortRef::Guest(g) => {
                 let (queues, totals) = queues(g.stats());
-                let filter = g.lock_ctrl().filter.stats();
+                let filter = g.filter_stats();
                 PortStats {
                     id: g.id,
                     kind: "vhost-user",
@@ -179,7 +179,7 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                     multicast: n.ctrl.rx.multicast.clone(),
                     active_queue_pairs: n.ctrl.active_queue_pairs,
                     filter: n.filter.view(),
-                    snooped_groups: n.snoop.as_ref().map(|s| s.groups()),
+                    snooped_groups: g.snooped_groups(),
                     rss: n.steering.load().config.as_ref().map(|c| RssView {
                         hash_types: c.hash_types,
                         indirection: c.indirection.clone(),

@@ -8,18 +8,17 @@ use super::features::Negotiated;
 use super::filter::{Filter, FilterRegs};
 use super::rss::{Steering, SteeringCell};
 use super::rx_state::{RxMode, RxState};
-use super::snoop::Snooper;
-use crate::wire::mcast_report::GroupRecord;
+use super::snoop;
 use crate::wire::MacAddr;
-use std::time::{Duration, Instant};
 
 pub struct NicState {
     pub ctrl: CtrlState,
     /// The RX queue steering the data path reads; republished on MQ/RSS commands.
     pub steering: Arc<SteeringCell>,
     pub filter: Filter,
-    /// Net attachment with `--snoop`: the guest's own IGMP/MLD reports drive the filter.
-    pub snoop: Option<Snooper>,
+    /// Net attachment with `--snoop`: the guest's own IGMP/MLD reports drive the filter
+    /// (the snooper itself lives with the port, under its own lock).
+    pub snooping: bool,
     /// `--port-mac-lock`: the one station address the driver may set.
     mac_lock: Option<MacAddr>,
 }
@@ -30,48 +29,20 @@ impl NicState {
             ctrl: CtrlState::new(mac, max_queue_pairs),
             steering: Arc::new(SteeringCell::new(max_queue_pairs)),
             filter: Filter::new(regs, exact_limit, mac),
-            snoop: None,
+            snooping: false,
             mac_lock: None,
         }
     }
 
     /// Turns snooping on: multicast is filtered to the groups the guest reports (plus
     /// all-hosts/all-nodes), unicast is left to the switch (alluni).
-    pub fn enable_snoop(&mut self, timeout: Option<Duration>) {
-        self.snoop = Some(Snooper::new(timeout));
-        self.publish_snoop();
+    pub fn enable_snoop(&mut self) {
+        self.snooping = true;
+        self.publish_snooped(snoop::ALWAYS.to_vec());
     }
 
-    /// Applies the records of one report the guest sent.
-    pub fn snoop_report(&mut self, records: &[GroupRecord], now: Instant) {
-        if let Some(s) = self.snoop.as_mut() {
-            if s.apply(records, now) {
-                self.publish_snoop();
-            }
-        }
-    }
-
-    /// Time passing for the snooper (expiry, audit windows); true when an audit query
-    /// should go out to the guest now (`snoop_audit_sent` then says which reached it).
-    pub fn snoop_tick(&mut self, now: Instant) -> bool {
-        let Some(s) = self.snoop.as_mut() else {
-            return false;
-        };
-        if s.tick(now) {
-            self.publish_snoop();
-        }
-        self.snoop.as_ref().is_some_and(|s| s.audit_due(now))
-    }
-
-    /// The audit queries went out; `v4`, `v6`: which reached the guest.
-    pub fn snoop_audit_sent(&mut self, now: Instant, v4: bool, v6: bool) {
-        if let Some(s) = self.snoop.as_mut() {
-            s.audit_sent(now, v4, v6);
-        }
-    }
-
-    fn publish_snoop(&mut self) {
-        let Some(s) = &self.snoop else { return };
+    /// The snooper's addresses (sorted) become the multicast list.
+    pub fn publish_snooped(&mut self, multicast: Vec<MacAddr>) {
         let mode = RxMode {
             promisc: false,
             alluni: true,
@@ -81,7 +52,7 @@ impl NicState {
             mac: self.ctrl.rx.mac,
             mode,
             unicast: Vec::new(),
-            multicast: s.macs(),
+            multicast,
         };
         self.apply_rx_state(rx);
     }
@@ -151,9 +122,8 @@ impl NicState {
         self.steering
             .publish(Steering::automatic(self.ctrl.max_queue_pairs));
         self.filter.reset(mac);
-        if let Some(s) = self.snoop.as_mut() {
-            s.clear();
-            self.publish_snoop();
+        if self.snooping {
+            self.publish_snooped(snoop::ALWAYS.to_vec());
         }
     }
 }
@@ -239,11 +209,11 @@ mod snoop_tests {
     fn snooping_publishes_its_base_set_and_survives_reset() {
         let mac: MacAddr = "52:54:00:d0:aa:01".parse().unwrap();
         let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 64);
-        n.enable_snoop(None);
+        n.enable_snoop();
         assert_eq!(n.ctrl.rx.multicast.len(), 2);
         assert!(!n.ctrl.rx.mode.promisc && n.ctrl.rx.mode.alluni);
         n.reset(mac);
-        assert!(n.snoop.is_some());
+        assert!(n.snooping);
         assert_eq!(n.ctrl.rx.multicast.len(), 2);
     }
 }

@@ -16,7 +16,7 @@
 //! once while any group stands unconfirmed. The answers themselves (current-state records)
 //! replace what the snooper believed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,16 @@ pub const AUDIT_WINDOW: Duration = Duration::from_millis(2500);
 /// Audits a group may go unanswered in before it is dropped: one lost answer is not a leave
 /// (RFC 3376's robustness variable, 2).
 pub const AUDIT_ROUNDS: u8 = 2;
+
+/// Default groups one guest may hold (`--snoop-max-groups`): above the 10 000 the scale
+/// tests join, within the exact table (regs.rs TABLE_MAX). A report for a group past it is
+/// ignored for that group, and counted.
+pub const DEFAULT_MAX_GROUPS: usize = 16_384;
+/// INCLUDE sources tracked per group. The filter only needs to know whether the list is
+/// empty; past this many the group is kept as wanted whatever its sources (EXCLUDE {}),
+/// which can only over-accept, until a TO_IN, a leave or an audit says otherwise. Linux
+/// allows 10 sources per socket by default (igmp_max_msf).
+pub const MAX_SOURCES: usize = 256;
 
 #[derive(Debug, Default)]
 struct Group {
@@ -71,26 +81,63 @@ enum Audit {
     },
 }
 
+/// What the snooper refused, since it started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SnoopRefusals {
+    /// Joins ignored because the guest held `max_groups` groups already.
+    pub groups: u64,
+    /// Groups whose source list outgrew [`MAX_SOURCES`] and are kept whatever the sources.
+    pub sources: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Snooper {
     timeout: Option<Duration>,
-    groups: HashMap<IpAddr, Group>,
+    groups: HashMap<IpAddr, Group, ahash::RandomState>,
+    /// Wanted groups per link-layer address (several groups share one), kept in order so
+    /// the filter's list is read off without sorting.
+    macs: BTreeMap<MacAddr, u32>,
     audit: Audit,
+    max_groups: usize,
+    refused: SnoopRefusals,
 }
 
 impl Snooper {
     /// `timeout`: forget a group no report refreshed for that long (None: keep until left).
     pub fn new(timeout: Option<Duration>) -> Self {
+        Self::with_max_groups(timeout, DEFAULT_MAX_GROUPS)
+    }
+
+    pub fn with_max_groups(timeout: Option<Duration>, max_groups: usize) -> Self {
         Snooper {
             timeout,
-            groups: HashMap::new(),
-            audit: Audit::Idle,
+            max_groups,
+            ..Default::default()
         }
     }
 
     pub fn clear(&mut self) {
         self.groups.clear();
+        self.macs.clear();
         self.audit = Audit::Idle;
+    }
+
+    pub fn refusals(&self) -> SnoopRefusals {
+        self.refused
+    }
+
+    fn mac_added(macs: &mut BTreeMap<MacAddr, u32>, group: &IpAddr) {
+        *macs.entry(group_mac(group)).or_insert(0) += 1;
+    }
+
+    fn mac_removed(macs: &mut BTreeMap<MacAddr, u32>, group: &IpAddr) {
+        let m = group_mac(group);
+        if let Some(n) = macs.get_mut(&m) {
+            *n -= 1;
+            if *n == 0 {
+                macs.remove(&m);
+            }
+        }
     }
 
     /// Applies one report's records; true when the set of wanted groups changed.
@@ -100,6 +147,24 @@ impl Snooper {
         let mut change_report = false;
         for r in records {
             let expires = self.timeout.map(|t| now + t);
+            change_report |= !matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
+            if !self.groups.contains_key(&r.group) {
+                let joins = match r.kind {
+                    RecordKind::IsExclude | RecordKind::ToExclude => true,
+                    RecordKind::IsInclude | RecordKind::ToInclude | RecordKind::Allow => {
+                        !r.sources.is_empty()
+                    }
+                    RecordKind::Block => false,
+                };
+                if !joins {
+                    continue;
+                }
+                if self.groups.len() >= self.max_groups {
+                    self.refused.groups += 1;
+                    continue;
+                }
+                Self::mac_added(&mut self.macs, &r.group);
+            }
             let g = self.groups.entry(r.group).or_default();
             let was = g.exclude || !g.include.is_empty();
             match r.kind {
@@ -124,14 +189,19 @@ impl Snooper {
                     }
                 }
             }
+            if g.include.len() > MAX_SOURCES {
+                g.include.clear();
+                g.exclude = true;
+                self.refused.sources += 1;
+            }
             g.expires = expires;
             g.misses = 0;
             let now_wanted = g.exclude || !g.include.is_empty();
             if !now_wanted {
                 self.groups.remove(&r.group);
+                Self::mac_removed(&mut self.macs, &r.group);
             }
             changed |= was != now_wanted;
-            change_report |= !matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
             if let Audit::Open { confirmed, .. } = &mut self.audit {
                 confirmed.insert(r.group);
             }
@@ -168,7 +238,14 @@ impl Snooper {
     /// is judged. True if the set of wanted groups changed.
     pub fn tick(&mut self, now: Instant) -> bool {
         let before = self.groups.len();
-        self.groups.retain(|_, g| g.expires.is_none_or(|e| e > now));
+        let macs = &mut self.macs;
+        self.groups.retain(|ip, g| {
+            let keep = g.expires.is_none_or(|e| e > now);
+            if !keep {
+                Self::mac_removed(macs, ip);
+            }
+            keep
+        });
         let closed = match &self.audit {
             Audit::Open { until, .. } if now >= *until => std::mem::take(&mut self.audit),
             _ => Audit::Idle,
@@ -180,13 +257,18 @@ impl Snooper {
             ..
         } = closed
         {
+            let macs = &mut self.macs;
             self.groups.retain(|ip, g| {
                 let family_asked = if ip.is_ipv4() { asked.0 } else { asked.1 };
                 if confirmed.contains(ip) || !family_asked {
                     return true;
                 }
                 g.misses += 1;
-                g.misses < AUDIT_ROUNDS
+                let keep = g.misses < AUDIT_ROUNDS;
+                if !keep {
+                    Self::mac_removed(macs, ip);
+                }
+                keep
             });
             // A group no answer confirmed is asked about again at once; changes reported
             // meanwhile are audited once the guest has gone quiet.
@@ -201,15 +283,20 @@ impl Snooper {
         before != self.groups.len()
     }
 
-    /// The link-layer addresses to accept: every wanted group's, plus all-hosts/all-nodes.
+    /// The link-layer addresses to accept: every wanted group's, plus all-hosts/all-nodes,
+    /// in order. O(addresses), no sort.
     pub fn macs(&self) -> Vec<MacAddr> {
-        let mut v: Vec<MacAddr> = ALWAYS
-            .iter()
-            .copied()
-            .chain(self.groups.keys().map(group_mac))
-            .collect();
-        v.sort();
-        v.dedup();
+        let mut v = Vec::with_capacity(self.macs.len() + ALWAYS.len());
+        let mut always = ALWAYS.iter().copied().peekable();
+        for &m in self.macs.keys() {
+            while let Some(a) = always.next_if(|a| *a <= m) {
+                if a != m {
+                    v.push(a);
+                }
+            }
+            v.push(m);
+        }
+        v.extend(always);
         v
     }
 
@@ -344,5 +431,66 @@ mod tests {
         assert!(macs.contains(&"33:33:00:01:00:01".parse().unwrap()));
         // The answers were current-state records: nothing left to audit.
         assert!(!s.audit_due(later + AUDIT_WINDOW * 4));
+    }
+
+    /// Issue 16: a guest reporting 100 000 groups. Each change rebuilt the filter's list
+    /// from every group (sorted) with no bound on their number; now the guest's share stops
+    /// at `--snoop-max-groups` and a refused join costs nothing further. The cost is the
+    /// list entries built for the filter, against a benign guest joining 5/8 of the bound
+    /// (as the scale tests' 10 000 groups are of the default 16 384; the test runs at 1/8
+    /// of the default so that it stays quick in a debug build).
+    #[test]
+    fn a_hundred_thousand_snooped_groups_cost_a_bounded_multiple_of_a_benign_run() {
+        const MAX: usize = DEFAULT_MAX_GROUPS / 8;
+        fn run(joins: u32) -> (u64, Snooper) {
+            let mut s = Snooper::with_max_groups(None, MAX);
+            let t = Instant::now();
+            let mut built = 0u64;
+            for i in 0..joins {
+                let g = IpAddr::V6(std::net::Ipv6Addr::from(
+                    0xff15_0000_0000_0000_0000_0000_0000_0000u128 | u128::from(i),
+                ));
+                let r = GroupRecord {
+                    kind: RecordKind::ToExclude,
+                    group: g,
+                    sources: Vec::new(),
+                };
+                if s.apply(&[r], t) {
+                    built += s.macs().len() as u64;
+                }
+            }
+            (built, s)
+        }
+        let (hostile, s) = run(100_000);
+        let (benign, _) = run(MAX as u32 * 5 / 8);
+        assert_eq!(s.groups(), MAX);
+        assert_eq!(s.refusals().groups, 100_000 - MAX as u64);
+        let before: u64 = (1..=100_000u64).map(|k| k + 2).sum();
+        eprintln!(
+            "100 000 snooped groups, bound {MAX}: {before} list entries built before (no bound), \
+             {hostile} now; benign {} joins {benign}: {:.1}x",
+            MAX * 5 / 8,
+            hostile as f64 / benign as f64
+        );
+        assert!(hostile as f64 / (benign as f64) < 3.0);
+    }
+
+    #[test]
+    fn an_include_list_past_the_bound_keeps_the_group_whatever_its_sources() {
+        let mut s = Snooper::new(None);
+        let t = Instant::now();
+        let sources: Vec<String> = (0..MAX_SOURCES + 10)
+            .map(|i| format!("10.9.{}.{}", i / 250, i % 250 + 1))
+            .collect();
+        let refs: Vec<&str> = sources.iter().map(String::as_str).collect();
+        assert!(s.apply(&[rec(RecordKind::Allow, "232.1.1.1", &refs)], t));
+        assert_eq!(s.refusals().sources, 1);
+        // Kept as EXCLUDE {}: blocking every source it had does not drop it.
+        s.apply(&[rec(RecordKind::Block, "232.1.1.1", &refs)], t);
+        assert_eq!(s.groups(), 1);
+        // A leave does.
+        assert!(s.apply(&[rec(RecordKind::ToInclude, "232.1.1.1", &[])], t));
+        assert_eq!(s.groups(), 0);
+        assert_eq!(s.macs(), ALWAYS.to_vec());
     }
 }

@@ -194,6 +194,7 @@ impl Filter {
         self.stats.filter_adds += report.adds;
         self.stats.filter_removes += report.removes;
         self.stats.table_refused += self.hw.refused - refused;
+        self.regs.publish_stats(&self.stats);
         report
     }
 

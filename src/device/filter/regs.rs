@@ -18,6 +18,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use ahash::RandomState;
 
 use super::hash::{self, MAX_BUCKETS};
+use super::model::FilterStats;
 use super::Layout;
 use crate::device::RxMode;
 use crate::wire::MacAddr;
@@ -66,6 +67,9 @@ pub struct FilterRegs {
     table: Box<[AtomicU64]>,
     /// The slot hash's key, drawn when the filter is created.
     key: RandomState,
+    /// The model's counters as of its last sync, for readers that must not wait for the
+    /// model's lock (`ctl stats`, `/metrics`): syncs, adds, removes, refused.
+    stats: [AtomicU64; 4],
 }
 
 pub fn mode_flags(m: &RxMode) -> u32 {
@@ -92,6 +96,29 @@ impl FilterRegs {
             seq: AtomicU64::new(0),
             table: (0..TABLE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             key: RandomState::new(),
+            stats: Default::default(),
+        }
+    }
+
+    pub(super) fn publish_stats(&self, s: &FilterStats) {
+        for (cell, v) in
+            self.stats
+                .iter()
+                .zip([s.filter_syncs, s.filter_adds, s.filter_removes, s.table_refused])
+        {
+            cell.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The filter's counters as of its last sync, without its model's lock.
+    pub fn stats(&self) -> FilterStats {
+        let [filter_syncs, filter_adds, filter_removes, table_refused] =
+            self.stats.each_ref().map(|c| c.load(Ordering::Relaxed));
+        FilterStats {
+            filter_syncs,
+            filter_adds,
+            filter_removes,
+            table_refused,
         }
     }
 

@@ -33,7 +33,7 @@ use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Layout, Verdict};
 use crate::device::rss::{Steered, SteeringCell};
-use crate::device::snoop;
+use crate::device::snoop::{self, Snooper};
 use crate::device::NicState;
 use crate::pipeline::gso;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
@@ -78,6 +78,8 @@ pub struct FilterConfig {
     /// Learn multicast groups from the guest's IGMP/MLD reports (net attachment), forgetting
     /// them after the timeout if given.
     pub snoop: Option<Option<std::time::Duration>>,
+    /// `--snoop-max-groups`: groups a guest may hold.
+    pub snoop_max_groups: usize,
 }
 
 /// How the control queue's thread waits for commands. The defaults change nothing about the
@@ -131,6 +133,12 @@ pub struct GuestPort {
     warn: WarnLimiter,
     ctrl_tuning: CtrlTuning,
     snooping: bool,
+    /// The guest's reported groups (`--snoop`), under a lock of their own: a guest's
+    /// reports never hold up `ctl`, `/metrics` or another port; the filter's lock is taken
+    /// only to publish a changed list.
+    snoop: Mutex<Option<Snooper>>,
+    /// Groups the snooper holds, for `ctl filter` without its lock.
+    snooped_groups: std::sync::atomic::AtomicUsize,
     mac_lock: MacLock,
     /// The source addresses the attached driver may send from (`--port-mac-lock`).
     pub source_lock: SourceLock,
@@ -148,8 +156,11 @@ impl GuestPort {
     ) -> Self {
         let regs = Arc::new(FilterRegs::new(filter.layout, config.mac));
         let mut nic = NicState::new(config.mac, queue_pairs, regs.clone(), filter.exact_limit);
-        if let Some(timeout) = filter.snoop {
-            nic.enable_snoop(timeout);
+        let snooper = filter
+            .snoop
+            .map(|timeout| Snooper::with_max_groups(timeout, filter.snoop_max_groups));
+        if snooper.is_some() {
+            nic.enable_snoop();
         }
         let steering = nic.steering.clone();
         GuestPort {
@@ -171,6 +182,8 @@ impl GuestPort {
             warn: WarnLimiter::default(),
             ctrl_tuning,
             snooping: filter.snoop.is_some(),
+            snoop: Mutex::new(snooper),
+            snooped_groups: Default::default(),
             mac_lock: MacLock::Auto,
             source_lock: SourceLock::default(),
         }
@@ -191,7 +204,8 @@ impl GuestPort {
         match mcast_report::parse(frame) {
             Some(records) => {
                 trace!("port {}: membership report: {records:?}", self.id);
-                self.lock_ctrl().snoop_report(&records, std::time::Instant::now());
+                let now = std::time::Instant::now();
+                self.with_snooper(|s| s.apply(&records, now));
             }
             None => trace!(
                 "port {}: IGMP/MLD frame that is not a valid report ({} bytes): {:02x?}",
@@ -391,11 +405,65 @@ impl GuestPort {
     /// The snooper's clock (`--snoop`): expiry, and the audit of the guest's state once its
     /// change reports have gone quiet (device/snoop.rs). Called every few hundred ms.
     pub fn snoop_tick(&self, now: std::time::Instant) {
-        if !self.snooping || !self.lock_ctrl().snoop_tick(now) || self.attachment() != Some("net") {
+        if !self.snooping {
+            return;
+        }
+        let mut due = false;
+        self.with_snooper(|s| {
+            let changed = s.tick(now);
+            due = s.audit_due(now);
+            changed
+        });
+        if !due || self.attachment() != Some("net") {
             return;
         }
         let (v4, v6) = self.send_queries(snoop::AUDIT_RESPONSE);
-        self.lock_ctrl().snoop_audit_sent(now, v4, v6);
+        if let Some(s) = self.lock_snoop().as_mut() {
+            s.audit_sent(now, v4, v6);
+        }
+    }
+
+    fn lock_snoop(&self) -> std::sync::MutexGuard<'_, Option<Snooper>> {
+        self.snoop.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the snooper; if it says the wanted groups changed, publishes them to the
+    /// filter (the snoop lock is taken before the filter's, always in that order). Counts
+    /// what the snooper refused meanwhile.
+    fn with_snooper(&self, f: impl FnOnce(&mut Snooper) -> bool) {
+        let mut guard = self.lock_snoop();
+        let Some(s) = guard.as_mut() else { return };
+        let before = s.refusals();
+        if f(s) {
+            self.lock_ctrl().publish_snooped(s.macs());
+        }
+        let after = s.refusals();
+        self.conn_stats
+            .snoop_groups_refused
+            .add(after.groups - before.groups);
+        self.conn_stats
+            .snoop_sources_capped
+            .add(after.sources - before.sources);
+        if after.groups > before.groups && self.warn.allow() {
+            warn!(
+                "port {}: the guest holds {} snooped groups, the most allowed (--snoop-max-groups); \
+                 further joins are ignored",
+                self.id,
+                s.groups()
+            );
+        }
+        self.snooped_groups.store(s.groups(), Ordering::Relaxed);
+    }
+
+    /// The filter's counters, read without the control lock: `ctl stats` and `/metrics`
+    /// never wait behind a guest's commands or reports.
+    pub fn filter_stats(&self) -> crate::device::filter::model::FilterStats {
+        self.regs.stats()
+    }
+
+    /// Groups the snooper holds (`--snoop`).
+    pub fn snooped_groups(&self) -> Option<usize> {
+        self.snooping.then(|| self.snooped_groups.load(Ordering::Relaxed))
     }
 
     fn publish(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
@@ -426,6 +494,11 @@ impl GuestPort {
     }
 
     fn reset(&self) {
+        let mut snoop = self.lock_snoop();
+        if let Some(s) = snoop.as_mut() {
+            s.clear();
+            self.snooped_groups.store(0, Ordering::Relaxed);
+        }
         self.lock_ctrl().reset(self.config.mac);
     }
 
