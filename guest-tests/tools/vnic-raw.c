@@ -1,12 +1,13 @@
 /*
  * vnic-raw: sends hand-built IPv4/UDP frames with deliberately wrong checksums through an
  * AF_PACKET socket, so the guest stack cannot fix them on the way out.
- *   vnic-raw IFNAME DST_MAC SRC_IP DST_IP PORT COUNT MODE
+ *   vnic-raw IFNAME DST_MAC SRC_IP DST_IP PORT COUNT MODE [SRC_MAC]
  * MODE:
  *   broken  even frames: bad IP header and UDP checksums; odd frames: good IP header, bad
  *           UDP checksum. Payload lengths vary (odd and even); the IP header carries a
  *           4-byte option (IHL 6).
  *   lying   IP total length 100 bytes beyond the frame: no checksum action may trust it.
+ * SRC_MAC: the Ethernet source to send from instead of the interface's own (spoof.sh).
  * Each datagram's payload starts with its 8-byte sequence number. Prints "sent N".
  */
 #include <arpa/inet.h>
@@ -37,8 +38,8 @@ static uint16_t csum(const uint8_t *p, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: vnic-raw IFNAME DST_MAC SRC_IP DST_IP PORT COUNT broken|lying\n");
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: vnic-raw IFNAME DST_MAC SRC_IP DST_IP PORT COUNT broken|lying [SRC_MAC]\n");
         return 2;
     }
     uint8_t dmac[6];
@@ -58,6 +59,9 @@ int main(int argc, char **argv) {
     if (ioctl(s, SIOCGIFINDEX, &ifr) < 0) { perror("SIOCGIFINDEX"); return 1; }
     int ifindex = ifr.ifr_ifindex;
     if (ioctl(s, SIOCGIFHWADDR, &ifr) < 0) { perror("SIOCGIFHWADDR"); return 1; }
+    uint8_t smac[6];
+    memcpy(smac, ifr.ifr_hwaddr.sa_data, 6);
+    if (argc == 9 && parse_mac(argv[8], smac)) { fprintf(stderr, "vnic-raw: bad SRC_MAC\n"); return 2; }
     struct sockaddr_ll to = { .sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6 };
     memcpy(to.sll_addr, dmac, 6);
 
@@ -68,7 +72,7 @@ int main(int argc, char **argv) {
         size_t ihl = 24, udp_len = 8 + payload, ip_len = ihl + udp_len, n = 14 + ip_len;
         memset(f, 0, sizeof(f));
         memcpy(f, dmac, 6);
-        memcpy(f + 6, ifr.ifr_hwaddr.sa_data, 6);
+        memcpy(f + 6, smac, 6);
         f[12] = 0x08; f[13] = 0x00;
         uint8_t *ip = f + 14;
         ip[0] = 0x46;

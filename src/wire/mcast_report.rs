@@ -151,7 +151,7 @@ fn parse_igmp(ip: &[u8]) -> Option<Vec<GroupRecord>> {
     let simple = |kind| {
         Some(vec![GroupRecord {
             kind,
-            group: v4(m, 4)?,
+            group: v4(m, 4).filter(IpAddr::is_multicast)?,
             sources: Vec::new(),
         }])
     };
@@ -193,7 +193,7 @@ fn parse_mld(ip: &[u8]) -> Option<Vec<GroupRecord>> {
     let simple = |kind| {
         Some(vec![GroupRecord {
             kind,
-            group: v6(m, 8)?,
+            group: v6(m, 8).filter(IpAddr::is_multicast)?,
             sources: Vec::new(),
         }])
     };
@@ -224,7 +224,12 @@ fn records(
         let sources = (0..nsrc)
             .map(|i| addr(m, at + 4 + alen * (i + 1)))
             .collect::<Option<Vec<_>>>()?;
-        out.push(GroupRecord { kind, group, sources });
+        // A record for an address that is no group says nothing a filter can follow (the
+        // multicast address field, RFC 3376 4.2.12, RFC 3810 5.2.12): skipped, the rest
+        // of the report stands. Found by fuzz/fuzz_targets/wire.rs.
+        if group.is_multicast() {
+            out.push(GroupRecord { kind, group, sources });
+        }
         at += 4 + alen * (nsrc + 1) + aux;
     }
     Some(out)
@@ -477,5 +482,42 @@ mod query_tests {
         );
         assert_eq!((m[0], u16::from_be_bytes([m[4], m[5]])), (130, 1000));
         assert!(maybe_report(&f) && parse(&f).is_none());
+    }
+
+    /// Found by the `wire` fuzz target: an IGMPv3 report (checksum right) whose second
+    /// record names 1.1.232.1, which is no group. It used to come out as a record, and the
+    /// snooper would have opened 01:00:5e:01:e8:01 for it.
+    #[test]
+    fn records_for_addresses_that_are_no_group_are_skipped() {
+        let frame: [u8; 66] = [
+            0x01, 0x00, 0x5f, 0x00, 0x00, 0x16, 0x52, 0x54, 0x00, 0xd0, 0xaa, 0x01, 0x08, 0x00, 0x46, 0xc0,
+            0x00, 0x34, 0x00, 0x00, 0x40, 0x00, 0x01, 0x02, 0xf9, 0xe7, 0x0a, 0x01, 0x00, 0x05, 0xe0, 0x00,
+            0x00, 0x16, 0x94, 0x04, 0x00, 0x00, 0x22, 0x00, 0xf0, 0xf2, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00,
+            0x00, 0x00, 0xef, 0x04, 0x02, 0x01, 0x05, 0x00, 0x00, 0x01, 0x01, 0x01, 0xe8, 0x01, 0x0a, 0x00,
+            0x00, 0x01,
+        ];
+        let r = parse(&frame).expect("still a report");
+        assert_eq!(
+            r,
+            vec![GroupRecord {
+                kind: RecordKind::ToExclude,
+                group: "239.4.2.1".parse().unwrap(),
+                sources: vec![]
+            }]
+        );
+        // A v2 report for a unicast address is no report at all; the same for a group is.
+        let v2 = |group: [u8; 4]| {
+            let mut m = [0x16u8, 0, 0, 0, group[0], group[1], group[2], group[3]];
+            let c = fold(partial_sum(&m, 0));
+            m[2..4].copy_from_slice(&(!c).to_be_bytes());
+            let mut f = vec![0x01, 0x00, 0x5e, 0, 0, 1, 0x52, 0x54, 0, 0, 0, 5, 0x08, 0x00];
+            f.extend_from_slice(&[
+                0x45, 0, 0, 28, 0, 0, 0x40, 0, 1, 2, 0, 0, 10, 0, 0, 5, 10, 0, 0, 1,
+            ]);
+            f.extend_from_slice(&m);
+            f
+        };
+        assert_eq!(parse(&v2([10, 0, 0, 1])), None);
+        assert_eq!(parse(&v2([239, 0, 0, 1])).map(|r| r.len()), Some(1));
     }
 }

@@ -1,0 +1,87 @@
+//! Transmit: whatever chains a guest posts, copied out and sent through the switch with the
+//! router, a checksum action and software segmentation on the way. Invariants: a chain
+//! walks at most MAX_FRAME_DESCS + 1 descriptors, and every frame a port is handed is an
+//! Ethernet frame (segments included).
+#![no_main]
+
+mod common;
+
+use std::sync::Arc;
+
+use dpaa_vnic::pipeline::gso;
+use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
+use dpaa_vnic::pipeline::rules::Rules;
+use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
+use dpaa_vnic::ports::vhost_user::queue::{pop_tx, MAX_FRAME_DESCS};
+use dpaa_vnic::stats::Tally;
+use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::QueueT;
+
+/// A port that checks what it is given; `segments`: it takes no GSO, so frames are cut.
+struct Check {
+    segments: bool,
+}
+
+impl Egress for Check {
+    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
+        assert!(
+            EthernetFrame::new_checked(&*pkt.frame).is_ok(),
+            "a runt reached a port"
+        );
+        if self.segments && pkt.hdr.gso_type != 0 {
+            let _ = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |_, seg| {
+                assert!(EthernetFrame::new_checked(&*seg).is_ok());
+            });
+        }
+    }
+}
+
+fn switch() -> Arc<Switch> {
+    let ifaces = vec![
+        "0=10.1.0.1/24".parse().unwrap(),
+        "1=fd00:2::1/64".parse().unwrap(),
+    ];
+    let routes = vec!["10.9.0.0/16,via=10.1.0.7".parse().unwrap()];
+    let actions = vec!["port=1,dir=egress,update=iph+tcp+udp+icmp".parse().unwrap()];
+    let sw = Arc::new(Switch::with_rules(Rules::with_router(
+        3,
+        actions,
+        RouteTable::new(ifaces, routes),
+    )));
+    sw.attach(1, Arc::new(Check { segments: false }));
+    sw.attach(2, Arc::new(Check { segments: true }));
+    sw
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((m, mut q)) = common::queue(data) else {
+        return;
+    };
+    let sw = switch();
+    let tally = sw.tallies().register();
+    let mut routes = RouteCache::default();
+    let mut buf = vec![0u8; 65_600];
+    for _ in 0..common::QSIZE {
+        let Ok(Some(t)) = pop_tx(&mut q, &m, 12, &mut buf) else {
+            break;
+        };
+        assert!(t.walked <= MAX_FRAME_DESCS + 1, "walked {}", t.walked);
+        let _ = q.add_used(&m, t.head, 0);
+        let Ok(n) = t.result else { continue };
+        let Ok(hdr) = VirtioNetHdr::parse(&buf[..n], 12) else {
+            continue;
+        };
+        let mut pkt = Packet {
+            hdr,
+            frame: &mut buf[12..n],
+        };
+        let mut from = Ingress {
+            port: 0,
+            queue: 0,
+            tally: &tally,
+            routes: &mut routes,
+        };
+        sw.forward(&mut from, &mut pkt);
+    }
+});

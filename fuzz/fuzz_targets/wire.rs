@@ -1,0 +1,40 @@
+//! Every parser a guest's frame reaches on its own: Ethernet, IPv4, IPv6 and its extension
+//! headers, ARP, neighbour discovery, IGMP/MLD reports. Beyond "no panic": what a view
+//! accepts lies inside the bytes it was given, and a report names only multicast groups.
+#![no_main]
+
+use dpaa_vnic::wire::arp::ArpPacket;
+use dpaa_vnic::wire::ip::{self, Ipv4Packet, Ipv6Packet};
+use dpaa_vnic::wire::{mcast_report, ndp, EthernetFrame};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(eth) = EthernetFrame::new_checked(data) {
+        let _ = (eth.dst(), eth.src());
+    }
+    if let Some((_, off)) = ip::network_offset(data) {
+        assert!(off <= data.len());
+    }
+    if let Ok(p) = Ipv4Packet::new_checked(data) {
+        assert!(p.header_len() >= 20 && p.header_len() <= data.len());
+        let _ = (p.total_len(), p.dst(), p.protocol(), p.is_later_fragment());
+    }
+    if let Ok(p) = Ipv6Packet::new_checked(data) {
+        let _ = p.upper();
+    }
+    if let Ok(a) = ArpPacket::new_checked(data) {
+        let _ = (a.op(), a.sender_ip(), a.sender_mac(), a.target_ip());
+    }
+    if let Some((&hop_limit, icmp)) = data.split_first() {
+        let _ = ndp::parse_neighbour(hop_limit, icmp);
+    }
+    let _ = ip::addresses(data);
+    if mcast_report::maybe_report(data) {
+        let _ = mcast_report::is_report(data);
+    }
+    if let Some(records) = mcast_report::parse(data) {
+        for r in &records {
+            assert!(r.group.is_multicast(), "report for a non-group {}", r.group);
+        }
+    }
+});
