@@ -20,6 +20,10 @@ use dpaa_vnic::ports::vhost_user::{error_chain, sigbus, FilterConfig, GuestPort}
 
 fn main() -> ExitCode {
     dpaa_vnic::logging::init();
+    // A panic is a bug; where guest input is handled it is contained (GuestPort::contain)
+    // and the daemon goes on. Its message goes through the log, so a guest that found a
+    // way to repeat one is held to the log's rate limit instead of flooding stderr.
+    std::panic::set_hook(Box::new(|info| log::error!("bug: {info}")));
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Ctl(c)) => {

@@ -282,6 +282,9 @@ event_counters!(
         /// `--snoop`: groups whose INCLUDE source list outgrew the snooper's bound, kept as
         /// wanted whatever their sources.
         snoop_sources_capped,
+        /// Bugs met on this port's input and contained (docs/architecture.md, "Panics"):
+        /// the frame or command was dropped, a ring it was writing marked broken.
+        panics,
     }
 );
 

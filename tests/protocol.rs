@@ -33,8 +33,12 @@ const HDR: usize = 12;
 #[derive(Default)]
 struct Sink(Mutex<Vec<Vec<u8>>>);
 
+/// The EtherType that makes the sink panic: a stand-in for a bug met on a guest's frame.
+const BUG: [u8; 2] = [0xde, 0xad];
+
 impl Egress for Sink {
     fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
+        assert!(pkt.frame.get(12..14) != Some(&BUG[..]), "a bug on the data path");
         self.0.lock().unwrap().push(pkt.frame.to_vec());
     }
 }
@@ -943,4 +947,24 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
         Ok(true),
         "stats and metrics answered while the lock was held"
     );
+}
+
+/// Issue 16, the panic policy: a bug met while a guest's frame goes through the switch (here
+/// the sink panics on one EtherType) costs that frame only. The worker goes on, nothing is
+/// poisoned, and the next frame is delivered.
+#[test]
+fn a_bug_on_one_frame_costs_that_frame_only() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let txq = g.queue(1);
+    let mut bad = frame("ff:ff:ff:ff:ff:ff", 60);
+    bad[12..14].copy_from_slice(&BUG);
+    let good = frame("ff:ff:ff:ff:ff:ff", 60);
+    let hdr = VirtioNetHdr::default();
+    tx_frame(&g, &txq, 0, 1, &hdr, &bad);
+    tx_frame(&g, &txq, 2, 2, &hdr, &good);
+    assert_eq!(*r.sink.0.lock().unwrap(), vec![good.clone()]);
+    assert_eq!(r.port.conn_stats.snapshot().panics, 1);
+    let s = r.port.stats()[0];
+    assert_eq!((s.tx_packets, s.tx_errors), (2, 1));
 }

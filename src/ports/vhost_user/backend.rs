@@ -421,18 +421,23 @@ impl VnicBackend {
                                 continue;
                             }
                         }
-                        port.snoop_frame(&buf[hdr_len..n]);
-                        let mut pkt = Packet {
-                            hdr,
-                            frame: &mut buf[hdr_len..n],
-                        };
-                        let mut from = Ingress {
-                            port: port.id,
-                            queue: pair,
-                            tally,
-                            routes,
-                        };
-                        port.switch.forward(&mut from, &mut pkt);
+                        let contained = port.contain("a transmitted frame", || {
+                            port.snoop_frame(&buf[hdr_len..n]);
+                            let mut pkt = Packet {
+                                hdr,
+                                frame: &mut buf[hdr_len..n],
+                            };
+                            let mut from = Ingress {
+                                port: port.id,
+                                queue: pair,
+                                tally,
+                                routes: &mut *routes,
+                            };
+                            port.switch.forward(&mut from, &mut pkt);
+                        });
+                        if contained.is_none() {
+                            stats.tx_errors.inc();
+                        }
                     }
                     Err(e) => {
                         stats.tx_errors.inc();
@@ -670,16 +675,26 @@ impl VnicBackend {
                 }
                 (ACK_ERR, c.ack)
             }
-            Ok(c) => match nic.parse(feat, &buf[..c.len]) {
-                Ok(table @ Command::MacTable { .. }) => {
+            Ok(c) => match port.contain("a control command", || nic.parse(feat, &buf[..c.len])) {
+                Some(Ok(table @ Command::MacTable { .. })) => {
                     later = Some(table);
                     (ACK_OK, c.ack)
                 }
-                Ok(cmd) => {
-                    applied(nic.execute(cmd));
-                    (ACK_OK, c.ack)
+                Some(Ok(cmd)) => match port.contain("a control command", || nic.execute(cmd)) {
+                    Some(outcome) => {
+                        applied(outcome);
+                        (ACK_OK, c.ack)
+                    }
+                    None => {
+                        port.ctrl_stats.ctrl_errors.inc();
+                        (ACK_ERR, c.ack)
+                    }
+                },
+                None => {
+                    port.ctrl_stats.ctrl_errors.inc();
+                    (ACK_ERR, c.ack)
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     port.ctrl_stats.ctrl_errors.inc();
                     if port.warn.allow() {
                         warn!("port {}: control command refused: {}", port.id, error_chain(&e));
@@ -711,7 +726,9 @@ impl VnicBackend {
         add_used(q, &**mem, head, written)?;
         port.ctrl_stats.ctrl_answer.record(t0.elapsed().as_nanos() as u64);
         if let Some(table) = later {
-            applied(nic.execute(table));
+            if let Some(outcome) = port.contain("a MAC table", || nic.execute(table)) {
+                applied(outcome);
+            }
         }
         drop(nic);
         let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
