@@ -153,11 +153,12 @@ pub fn pop_tx<M: GuestMemory>(
     Ok(Some(TxChain { head, result, walked }))
 }
 
-/// Counts one more descriptor walked against [`MAX_FRAME_DESCS`].
+/// Counts one more descriptor walked; past `limit` (the frame's start plus
+/// [`MAX_FRAME_DESCS`]) the frame is refused.
 #[inline]
-fn walk_one(walked: &mut usize) -> Result<(), ChainError> {
+fn walk_one(walked: &mut usize, limit: usize) -> Result<(), ChainError> {
     *walked += 1;
-    if *walked > MAX_FRAME_DESCS {
+    if *walked > limit {
         Err(ChainError::TooManyDescriptors)
     } else {
         Ok(())
@@ -175,7 +176,7 @@ fn copy_out<M: GuestMemory>(
     // table) is as broken as one cut short.
     let mut last_has_next = true;
     for d in chain {
-        walk_one(walked)?;
+        walk_one(walked, MAX_FRAME_DESCS)?;
         last_has_next = d.has_next();
         if d.is_write_only() {
             return Err(ChainError::WrongDirection);
@@ -212,6 +213,7 @@ struct RxChain {
 fn collect_rx<M: GuestMemory>(
     chain: DescriptorChain<&M>,
     walked: &mut usize,
+    limit: usize,
 ) -> (u16, Result<RxChain, ChainError>) {
     let head = chain.head_index();
     let mut rc = RxChain {
@@ -222,7 +224,7 @@ fn collect_rx<M: GuestMemory>(
     };
     let mut last_has_next = true;
     for d in chain {
-        if let Err(e) = walk_one(walked) {
+        if let Err(e) = walk_one(walked, limit) {
             return (head, Err(e));
         }
         last_has_next = d.has_next();
@@ -300,21 +302,7 @@ pub fn push_rx_walked<M: GuestMemory>(
     frame: &[u8],
     walked: &mut usize,
 ) -> Result<u16, RxError> {
-    let mut walk = 0usize;
-    let res = push_rx_inner(q, mem, hdr_len, mrg_rxbuf, hdr, frame, &mut walk);
-    *walked += walk;
-    res
-}
-
-fn push_rx_inner<M: GuestMemory>(
-    q: &mut Queue,
-    mem: &M,
-    hdr_len: usize,
-    mrg_rxbuf: bool,
-    hdr: &VirtioNetHdr,
-    frame: &[u8],
-    walked: &mut usize,
-) -> Result<u16, RxError> {
+    let limit = walked.saturating_add(MAX_FRAME_DESCS);
     let total = hdr_len + frame.len();
     let mut chains: [Option<RxChain>; MAX_RX_BUFFERS] = std::array::from_fn(|_| None);
     let mut used = 0usize;
@@ -339,7 +327,7 @@ fn push_rx_inner<M: GuestMemory>(
                 return Err(RxError::Ring(e));
             }
         };
-        let (head, collected) = collect_rx(chain, walked);
+        let (head, collected) = collect_rx(chain, walked, limit);
         let collected = collected.and_then(|rc| {
             if used == 0 && rc.capacity < hdr_len {
                 Err(ChainError::TooShort(rc.capacity))
@@ -451,7 +439,7 @@ fn read_ctrl<M: GuestMemory>(
     let mut last_has_next = true;
     let mut walked = 0;
     for d in chain {
-        walk_one(&mut walked)?;
+        walk_one(&mut walked, MAX_FRAME_DESCS)?;
         last_has_next = d.has_next();
         if d.is_write_only() {
             if d.len() > 0 {
