@@ -13,14 +13,27 @@ use dpaa_vnic::device::NicState;
 use dpaa_vnic::wire::MacAddr;
 use libfuzzer_sys::fuzz_target;
 
+const LAYOUTS: [Layout; 4] = [Layout::Memac, Layout::Dtsec, Layout::DtsecExtended, Layout::Exact];
+const MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0xd0, 0xaa, 1]);
+/// A UDP/IPv4 frame to steer after each command.
+const UDP: [u8; 42] = [
+    0x52, 0x54, 0, 0xd0, 0xaa, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0,
+    10, 0, 0, 2, 10, 0, 0, 1, 0x13, 0x88, 0x13, 0x89, 0, 8, 0, 0,
+];
+
+thread_local! {
+    /// One register file per layout, reused: `NicState::new` clears it (a device reset), so
+    /// each input starts from an empty filter without allocating 64 Ki slots again.
+    static REGS: [Arc<FilterRegs>; 4] = LAYOUTS.map(|l| Arc::new(FilterRegs::new(l, MAC)));
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, mut rest)) = data.split_first() else {
         return;
     };
-    let layout = [Layout::Memac, Layout::Dtsec, Layout::DtsecExtended, Layout::Exact][usize::from(sel & 3)];
-    let mac = MacAddr([0x52, 0x54, 0, 0xd0, 0xaa, 1]);
-    let regs = Arc::new(FilterRegs::new(layout, mac));
-    let mut n = NicState::new(mac, 4, regs.clone(), 64);
+    let layout = LAYOUTS[usize::from(sel & 3)];
+    let regs = REGS.with(|r| r[usize::from(sel & 3)].clone());
+    let mut n = NicState::new(MAC, 4, regs.clone(), 64);
     let feat = Negotiated { bits: offered(4) };
     // Commands separated by a 16-bit length.
     while let Some((len, r)) = rest.split_at_checked(2) {
@@ -38,6 +51,9 @@ fuzz_target!(|data: &[u8]| {
             .count();
         let refs: u32 = n.filter.refs().iter().sum();
         assert_eq!(refs as usize, hashed, "bucket references against the tables");
+        // RSS and queue-pair commands republish the steering: a frame never goes to a
+        // queue the device does not have.
+        assert!(n.steering.load().steer(&UDP).queue < 4);
         if !rx.mode.nomulti {
             for m in mc.iter().filter(|m| m.is_multicast() && !m.is_broadcast()) {
                 assert_eq!(

@@ -1,5 +1,5 @@
 //! Transmit: whatever chains a guest posts, copied out and sent through the switch with the
-//! router, a checksum action and software segmentation on the way. Invariants: a chain
+//! router, a checksum action, RSS steering and software segmentation on the way. Invariants: a chain
 //! walks at most MAX_FRAME_DESCS + 1 descriptors, and every frame a port is handed is an
 //! Ethernet frame (segments included).
 #![no_main]
@@ -8,6 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
+use dpaa_vnic::device::rss::Steering;
 use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
@@ -19,8 +20,10 @@ use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueT;
 
 /// A port that checks what it is given; `segments`: it takes no GSO, so frames are cut.
+/// Each frame is steered (RSS) over four queues, as a guest port's RX path does.
 struct Check {
     segments: bool,
+    rss: Steering,
 }
 
 impl Egress for Check {
@@ -29,6 +32,7 @@ impl Egress for Check {
             EthernetFrame::new_checked(&*pkt.frame).is_ok(),
             "a runt reached a port"
         );
+        assert!(self.rss.steer(pkt.frame).queue < 4);
         if self.segments && pkt.hdr.gso_type != 0 {
             let _ = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |_, seg| {
                 assert!(EthernetFrame::new_checked(&*seg).is_ok());
@@ -49,8 +53,20 @@ fn switch() -> Arc<Switch> {
         actions,
         RouteTable::new(ifaces, routes),
     )));
-    sw.attach(1, Arc::new(Check { segments: false }));
-    sw.attach(2, Arc::new(Check { segments: true }));
+    sw.attach(
+        1,
+        Arc::new(Check {
+            segments: false,
+            rss: Steering::automatic(4),
+        }),
+    );
+    sw.attach(
+        2,
+        Arc::new(Check {
+            segments: true,
+            rss: Steering::automatic(4),
+        }),
+    );
     sw
 }
 

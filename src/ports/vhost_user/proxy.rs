@@ -375,6 +375,25 @@ fn frontend_to_backend(
     }
 }
 
+/// The relay's message reader on bytes a frontend may send, for `fuzz/` (target `relay`):
+/// writes `input` into a socket, reads messages from it until the stream ends or a message
+/// is refused, and looks at each as the relay does. Returns how many messages were read.
+#[doc(hidden)]
+pub fn read_all(input: &[u8]) -> Result<usize, ProxyError> {
+    let (mut tx, rx) = UnixStream::pair().map_err(ProxyError::Io)?;
+    // Inputs are small (the fuzzer's at most 4 KiB fit a socket buffer): no writer thread.
+    tx.write_all(input).map_err(ProxyError::Io)?;
+    drop(tx);
+    let mut n = 0;
+    while let Some(m) = recv_msg(&rx)? {
+        assert!(m.body.len() <= MAX_BODY);
+        let _ = (m.flags(), m.ring_programmed(), m.enabled_ring());
+        m.vet()?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
