@@ -10,6 +10,8 @@
  * map to one MAC (239.1.0.N and 239.129.0.N; ff15::1:1:N and ff15::2:1:N). Sources: 4 per
  * family. Failures (EADDRINUSE, EADDRNOTAVAIL, ENOBUFS, ...) are part of the workload and
  * counted by errno.
+ * Each thread first fills one more IPv4 socket with pool groups until the kernel refuses
+ * one (ENOBUFS past igmp_max_memberships) and closes it.
  * CHECKPOINTS times (evenly spaced) every thread stops; the tool prints
  *   VNIC-CHECKPOINT k ops=N ok=N failed=N enobufs=N ms=T churn_ms=C
  * (T since the start, C of it with the threads running, checkpoints left out)
@@ -214,8 +216,26 @@ static void op(struct worker *w) {
     }
 }
 
+/* Before churning: one more IPv4 socket joins the pool's groups in order until the kernel
+ * refuses one (igmp_max_memberships per socket: 20 by default, 8 with churn.sh's maxmem
+ * knob) or the pool runs out, then closes. So every run meets ENOBUFS when the pool is
+ * larger than the limit, whatever the seed draws afterwards. */
+static void fill(struct worker *w) {
+    int s = new_socket(AF_INET);
+    for (int i = 0; i < pool; i++) {
+        struct sockaddr_storage g;
+        group4(i, &g);
+        struct ip_mreqn m = {.imr_multiaddr = ((struct sockaddr_in *)&g)->sin_addr, .imr_ifindex = (int)ifindex};
+        int r = setsockopt(s, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m));
+        record(w, r);
+        if (r != 0) break;
+    }
+    close(s);
+}
+
 static void *run(void *arg) {
     struct worker *w = arg;
+    fill(w);
     for (int c = 0; c < checkpoints; c++) {
         for (long i = 0; i < per_checkpoint; i++) op(w);
         pthread_barrier_wait(&stop);
