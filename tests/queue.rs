@@ -355,6 +355,10 @@ fn ctrl_malformed_chains() {
             // Bigger than the limit.
             d(0x2_0000, 4096, F_NEXT, 3),
             d(0x2_2000, 1, F_WRITE, 0),
+            // The ack byte outside guest memory (found by fuzz target ctrl_chain): refused
+            // before the command can be applied.
+            d(0x2_0000, 3, F_NEXT, 5),
+            d(0x0800_0000_0000_0001, 1, F_WRITE, 0),
         ],
         0,
     )
@@ -365,6 +369,18 @@ fn ctrl_malformed_chains() {
     assert!(matches!(r, Err(ChainError::WrongDirection)));
     let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().unwrap();
     assert!(matches!(r, Err(ChainError::TooLong(1024))));
+    let (_, r) = pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().unwrap();
+    assert!(
+        matches!(
+            r,
+            Err(ChainError::Memory {
+                addr: 0x0800_0000_0000_0001,
+                ..
+            })
+        ),
+        "{:?}",
+        r.err()
+    );
     assert!(pop_ctrl(&mut q, &m, &mut buf, 1024).unwrap().is_none());
     // Putting a popped chain back works as the RX path expects.
     q.go_to_previous_position();

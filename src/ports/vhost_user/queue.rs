@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 use virtio_queue::QueueOwnedT;
 use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::evict::EvictList;
 use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
@@ -443,6 +443,16 @@ fn read_ctrl<M: GuestMemory>(
         last_has_next = d.has_next();
         if d.is_write_only() {
             if d.len() > 0 {
+                // The answer must land in guest memory: a chain whose ack byte lies outside
+                // is refused before anything is applied (found by fuzz target ctrl_chain),
+                // as a TX or RX buffer outside memory is.
+                if !mem.check_range(d.addr(), 1, Permissions::Write) {
+                    return Err(ChainError::Memory {
+                        addr: d.addr().0,
+                        len: d.len(),
+                        source: vm_memory::GuestMemoryError::InvalidGuestAddress(d.addr()),
+                    });
+                }
                 ack = Some(d.addr());
             }
             continue;
