@@ -864,6 +864,10 @@ fn a_locked_guest_cannot_send_from_or_move_to_another_address() {
     tx_frame(&g, &txq, 0, 1, &hdr, &own);
     tx_frame(&g, &txq, 2, 2, &hdr, &spoofed);
     tx_frame(&g, &txq, 4, 3, &hdr, &own);
+    // A chain is returned to the driver before its frame goes on: wait for the last one.
+    wait_until("both own frames at the sink", || {
+        r.sink.0.lock().unwrap().len() == 2
+    });
     let sent = r.sink.0.lock().unwrap().clone();
     assert_eq!(
         sent,
@@ -914,6 +918,9 @@ fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
     };
     tx_frame(&g, &txq, 0, 1, &tso(1), &f);
     tx_frame(&g, &txq, 2, 2, &tso(536), &f);
+    wait_until("the sane frame at the sink", || {
+        r.sink.0.lock().unwrap().len() == 1
+    });
     let s = r.port.stats()[0];
     assert_eq!((s.tx_gso, s.tx_gso_refused, s.tx_dropped), (2, 1, 1));
     assert_eq!(r.sink.0.lock().unwrap().len(), 1, "only the sane frame went on");
@@ -963,6 +970,10 @@ fn a_bug_on_one_frame_costs_that_frame_only() {
     let hdr = VirtioNetHdr::default();
     tx_frame(&g, &txq, 0, 1, &hdr, &bad);
     tx_frame(&g, &txq, 2, 2, &hdr, &good);
+    // A chain is returned to the driver before its frame goes on: wait for the frame.
+    wait_until("the good frame at the sink", || {
+        !r.sink.0.lock().unwrap().is_empty()
+    });
     assert_eq!(*r.sink.0.lock().unwrap(), vec![good.clone()]);
     assert_eq!(r.port.conn_stats.snapshot().panics, 1);
     let s = r.port.stats()[0];

@@ -108,6 +108,10 @@ struct Worker {
     next_ctrl: NextLines,
     /// Control thread only: its CPU and priority around its sleeps (placement.rs).
     ctrl_cpu: CtrlCpu,
+    /// Control thread only: it went to sleep (notifications on) after its last burst, so a
+    /// kick that finds work is a wake-up. A kick that reached it while it was back from its
+    /// budget (notifications still off, a kick the driver sent before they went off) is not.
+    ctrl_asleep: bool,
 }
 
 /// Whether a worker finished what its ring held or stopped at its budget.
@@ -167,6 +171,7 @@ impl VnicBackend {
                     tally: port.switch.tallies().register(),
                     next_ctrl: NextLines::default(),
                     ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, tuning.wake_priority),
+                    ctrl_asleep: true,
                 })
             })
             .collect();
@@ -500,10 +505,11 @@ impl VnicBackend {
             buf,
             next_ctrl,
             ctrl_cpu,
+            ctrl_asleep,
             ..
         } = &mut *worker;
         let window = self.0.port.ctrl_tuning.poll;
-        let mut woken = kicked;
+        let mut woken = kicked && std::mem::take(ctrl_asleep);
         // Back after its budget, the thread is in the middle of a burst of commands: it polls
         // for the next one as it would have without the break, even if none is there yet.
         let mut resumed = !kicked;
@@ -539,6 +545,7 @@ impl VnicBackend {
             // With EVENT_IDX this publishes avail_event: without it the driver would never
             // kick again and spin forever on its next command.
             if !vring.enable_notification().map_err(RingError)? {
+                *ctrl_asleep = true;
                 if let Err(e) = ctrl_cpu.asleep(poll && !window.is_zero()) {
                     // Once per connection: the thread does not try again.
                     info!("port {}: control thread: {}", self.0.port.id, error_chain(&e));
