@@ -37,6 +37,10 @@ struct Hw {
     regs: Arc<FilterRegs>,
     layout: Layout,
     refs: Vec<u32>,
+    /// Addresses in the exact table, with the number of lists (unicast, multicast) that
+    /// hold each: a driver may list one address in both, and it goes from the table only
+    /// when neither does (found by fuzz target ctrl).
+    entries: HashMap<MacAddr, u8, ahash::RandomState>,
     in_table: usize,
     /// Adds refused since creation.
     refused: u64,
@@ -108,6 +112,7 @@ impl Filter {
                 regs: regs.clone(),
                 layout,
                 refs: vec![0; MAX_BUCKETS],
+                entries: HashMap::default(),
                 in_table: 0,
                 refused: 0,
                 missing: [0; 2],
@@ -320,7 +325,12 @@ impl Hw {
                 self.regs.set_bucket(b, true);
             }
         }
+        if let Some(n) = self.entries.get_mut(mac) {
+            *n += 1;
+            return true;
+        }
         if self.in_table < TABLE_MAX && self.regs.insert(mac).is_some() {
+            self.entries.insert(*mac, 1);
             self.in_table += 1;
             true
         } else {
@@ -339,8 +349,14 @@ impl Hw {
             }
         }
         if in_table {
-            self.regs.remove(mac);
-            self.in_table -= 1;
+            match self.entries.get_mut(mac) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => {
+                    self.entries.remove(mac);
+                    self.regs.remove(mac);
+                    self.in_table -= 1;
+                }
+            }
         } else {
             self.missing[list as usize] -= 1;
         }
@@ -445,6 +461,30 @@ mod tests {
         assert!(!f.view().mc_overflow);
         assert_eq!(f.regs().classify(&other), Verdict::Reject);
         assert_eq!(f.stats().table_refused, 1);
+    }
+
+    /// Found by fuzz target ctrl: an address the driver lists as unicast and as multicast
+    /// has one exact-table entry. Dropping it from one list removed the entry while the
+    /// other still held it, and frames to it became hash false positives.
+    #[test]
+    fn an_address_on_both_lists_stays_until_neither_holds_it() {
+        let mut f = filter(Layout::Dtsec, 100);
+        f.set_mode(RxMode {
+            promisc: false,
+            ..RxMode::default()
+        });
+        let m = MacAddr([0xff, 0xff, 0, 0, 0, 0]);
+        f.sync(&[m], &[m]);
+        f.sync(&[], &[m]);
+        assert_eq!(f.regs().classify(&m), Verdict::Multicast);
+        f.sync(&[m], &[]);
+        assert_eq!(
+            f.regs().classify(&m),
+            Verdict::Multicast,
+            "a listed unicast group address"
+        );
+        f.sync(&[], &[]);
+        assert_eq!(f.regs().classify(&m), Verdict::Reject);
     }
 
     #[test]
