@@ -134,15 +134,17 @@ impl Neighbours {
         if port >= w.held.len() {
             return NeighLearned::Refused;
         }
-        let old = self.map.load().get(&ip).cloned();
-        let replaces = old.as_ref().is_some_and(|o| o.port == port);
+        let replaces = self.map.load().get(&ip).is_some_and(|o| o.port == port);
         if !replaces && w.held[port] >= self.limit {
             // Full: make room from expired entries, at most once a second.
             if w.swept == now || !self.sweep(&mut w, now) || w.held[port] >= self.limit {
                 return NeighLearned::Refused;
             }
         }
-        let mut next = Map::clone(&self.map.load());
+        // Read after any sweep: an old entry the sweep took is already given back.
+        let cur = self.map.load_full();
+        let old = cur.get(&ip).cloned();
+        let mut next = Map::clone(&cur);
         let entry = Arc::new(Neigh {
             mac,
             port,
