@@ -102,9 +102,16 @@ fn bench_table_set(c: &mut Criterion) {
         let mut tables = [&after, &before].into_iter().cycle();
         b.iter(|| black_box(n.apply(&feat, tables.next().unwrap()).unwrap()))
     });
+    // Linux sends PROMISC and ALLMULTI before every table set, mostly unchanged.
     g.bench_function("PROMISC off", |b| {
         let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
         b.iter(|| black_box(n.apply(&feat, &[0, 0, 0]).unwrap()))
+    });
+    // Each command a change: what publishing the port's view (`ctl filter`) costs a command.
+    g.bench_function("PROMISC on, off", |b| {
+        let mut n = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
+        let mut cmds = [[0u8, 0, 1], [0, 0, 0]].into_iter().cycle();
+        b.iter(|| black_box(n.apply(&feat, &cmds.next().unwrap()).unwrap()))
     });
     g.finish();
 }

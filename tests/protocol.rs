@@ -956,6 +956,38 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
     );
 }
 
+/// Issue 16: `ctl filter` shows each port as its last command left it, without the control
+/// lock: the answer comes while a guest's command holds that lock (here a thread holds it),
+/// and it already holds the table the guest set before.
+#[test]
+fn the_filter_view_is_read_without_waiting_for_the_control_lock() {
+    use dpaa_vnic::control::view::{self, PortRef};
+    let r = rig();
+    let g = ctrl_guest(&r);
+    let ctlq = g.queue(2);
+    let group = [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03];
+    let mut table = vec![1, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    table.extend_from_slice(&group);
+    assert_eq!(send_ctrl(&g, &ctlq, 0, 0x12_0000, &table), 0);
+    // RX_PROMISC on: a command after the table keeps the table's lists in the view.
+    assert_eq!(send_ctrl(&g, &ctlq, 1, 0x13_0000, &[0, 0, 1]), 0);
+    let ports = vec![PortRef::Guest(r.port.clone())];
+    let held = r.port.lock_ctrl();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let v = serde_json::to_value(view::filter(&ports)).unwrap();
+        tx.send(v).unwrap();
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(5));
+    drop(held);
+    let v = answered.expect("ctl filter answered while the control lock was held");
+    let p = &v["ports"][0];
+    assert_eq!(p["multicast"], serde_json::json!(["01:00:5e:01:02:03"]));
+    assert_eq!(p["rx_mode"]["promisc"], true);
+    assert_eq!(p["filter"]["stats"]["filter_adds"], 1);
+    assert_eq!(p["filter"]["buckets"].as_array().map(Vec::len), Some(1));
+}
+
 /// Issue 16, the panic policy: a bug met while a guest's frame goes through the switch (here
 /// the sink panics on one EtherType) costs that frame only. The worker goes on, nothing is
 /// poisoned, and the next frame is delivered.

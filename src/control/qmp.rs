@@ -119,8 +119,8 @@ impl RxFilterInfo {
                 // See `broadcast_allowed`; Linux guests never set NOBCAST anyway.
                 nobcast: false,
             },
-            unicast: parse(&self.unicast_table),
-            multicast: parse(&self.multicast_table),
+            unicast: Arc::new(parse(&self.unicast_table)),
+            multicast: Arc::new(parse(&self.multicast_table)),
         })
     }
 }

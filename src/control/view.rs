@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::Daemon;
 use crate::device::filter::model::{FilterStats, FilterView as HwFilterView};
+use crate::device::rx_state::MacList;
 use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
@@ -136,11 +137,11 @@ pub struct PortFilter {
     pub attachment: Option<&'static str>,
     pub mac: MacAddr,
     pub rx_mode: RxMode,
-    pub unicast: Vec<MacAddr>,
-    pub multicast: Vec<MacAddr>,
+    pub unicast: MacList,
+    pub multicast: MacList,
     pub active_queue_pairs: u16,
     /// The DPAA filter's side: layout, buckets in use with reference counts, overflow.
-    pub filter: HwFilterView,
+    pub filter: Arc<HwFilterView>,
     /// With --snoop: groups learned from the guest's reports.
     pub snooped_groups: Option<usize>,
     /// RX steering: the driver's RSS / hash configuration, if it sent one.
@@ -163,24 +164,26 @@ pub struct FilterView {
     pub ports: Vec<PortFilter>,
 }
 
+/// Every guest port's control state as its last applied command left it. Nothing here takes
+/// a port's control lock: a guest busy with commands does not hold up the answer.
 pub fn filter(ports: &[PortRef]) -> FilterView {
     let ports = ports
         .iter()
         .filter_map(|p| match p {
             PortRef::Guest(g) => {
-                let n = g.lock_ctrl();
+                let n = g.nic_view();
                 Some(PortFilter {
                     id: g.id,
                     name: g.socket.display().to_string(),
                     attachment: g.attachment(),
-                    mac: n.ctrl.rx.mac,
-                    rx_mode: n.ctrl.rx.mode,
-                    unicast: n.ctrl.rx.unicast.clone(),
-                    multicast: n.ctrl.rx.multicast.clone(),
-                    active_queue_pairs: n.ctrl.active_queue_pairs,
-                    filter: n.filter.view(),
+                    mac: n.mac,
+                    rx_mode: n.mode,
+                    unicast: n.unicast.clone(),
+                    multicast: n.multicast.clone(),
+                    active_queue_pairs: n.active_queue_pairs,
+                    filter: n.filter.clone(),
                     snooped_groups: g.snooped_groups(),
-                    rss: n.steering.load().config.as_ref().map(|c| RssView {
+                    rss: g.steering().load().config.as_ref().map(|c| RssView {
                         hash_types: c.hash_types,
                         indirection: c.indirection.clone(),
                         unclassified_queue: c.unclassified_queue,

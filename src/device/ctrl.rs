@@ -1,13 +1,15 @@
 //! Control-queue commands (virtio 1.2, 5.1.6.5): parse the driver's bytes, apply them to
 //! the device state, and say which ack to write.
 
+use std::sync::Arc;
+
 use thiserror::Error;
 use virtio_bindings::virtio_net::*;
 use zerocopy::FromBytes;
 
 use super::features::Negotiated;
 use super::rss::{RssConfig, RssError};
-use super::rx_state::RxState;
+use super::rx_state::{MacList, RxState};
 use crate::wire::MacAddr;
 
 /// Ack byte values.
@@ -101,6 +103,23 @@ pub struct CtrlState {
     pub max_queue_pairs: u16,
     pub active_queue_pairs: u16,
     pub guest_offloads: u64,
+    /// The unicast and multicast lists before the current ones, whose buffers the next
+    /// table set reuses (`refill`).
+    spare: [Option<MacList>; 2],
+}
+
+/// Puts a table set's addresses in `list`. A join storm sends thousands of table sets, each
+/// with the whole list: the buffer of the list before the current one is reused once
+/// nothing else holds it (the published view moved on), so a table set allocates nothing.
+fn refill(list: &mut MacList, spare: &mut Option<MacList>, macs: &[MacAddr]) {
+    let reused = spare.take().and_then(|mut s| {
+        let v = Arc::get_mut(&mut s)?;
+        v.clear();
+        v.extend_from_slice(macs);
+        Some(s)
+    });
+    let next = reused.unwrap_or_else(|| Arc::new(macs.to_vec()));
+    *spare = Some(std::mem::replace(list, next));
 }
 
 impl CtrlState {
@@ -110,6 +129,7 @@ impl CtrlState {
             max_queue_pairs,
             active_queue_pairs: 1,
             guest_offloads: 0,
+            spare: [None, None],
         }
     }
 
@@ -229,10 +249,8 @@ impl CtrlState {
                 CtrlOutcome::RxMode
             }
             Command::MacTable { unicast, multicast } => {
-                // Fill the vectors already held: a join storm sends thousands of these, each
-                // with the whole list.
-                fill_table(&mut self.rx.unicast, unicast);
-                fill_table(&mut self.rx.multicast, multicast);
+                refill(&mut self.rx.unicast, &mut self.spare[0], unicast);
+                refill(&mut self.rx.multicast, &mut self.spare[1], multicast);
                 CtrlOutcome::MacTable
             }
             Command::MacAddr(mac) => {
@@ -276,11 +294,6 @@ fn split_table(b: &[u8]) -> Result<(&[MacAddr], &[u8]), CtrlError> {
 }
 
 /// Replaces `table` with `macs`, reusing its allocation: one copy of the wire bytes.
-fn fill_table(table: &mut Vec<MacAddr>, macs: &[MacAddr]) {
-    table.clear();
-    table.extend_from_slice(macs);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +306,38 @@ mod tests {
 
     fn state() -> CtrlState {
         CtrlState::new("52:54:00:00:00:01".parse().unwrap(), 4)
+    }
+
+    /// A table set reuses the buffer of the list before the current one, but never one a
+    /// reader (the published view, a `ctl filter` answer) still holds.
+    #[test]
+    fn table_sets_reuse_a_list_nobody_holds_and_keep_one_that_is_held() {
+        let f = all_features();
+        let mut s = state();
+        let lists = [
+            [[1, 0, 0x5e, 0, 0, 1]],
+            [[1, 0, 0x5e, 0, 0, 2]],
+            [[1, 0, 0x5e, 0, 0, 3]],
+        ];
+        s.apply(&f, &table_cmd(&[], &lists[0])).unwrap();
+        let first = s.rx.multicast.as_ptr();
+        s.apply(&f, &table_cmd(&[], &lists[1])).unwrap();
+        s.apply(&f, &table_cmd(&[], &lists[2])).unwrap();
+        assert_eq!(
+            s.rx.multicast.as_ptr(),
+            first,
+            "the first list's buffer was reused"
+        );
+        assert_eq!(&s.rx.multicast[..], &[MacAddr(lists[2][0])]);
+        let held = s.rx.multicast.clone();
+        s.apply(&f, &table_cmd(&[], &lists[0])).unwrap();
+        s.apply(&f, &table_cmd(&[], &lists[1])).unwrap();
+        assert_eq!(
+            &held[..],
+            &[MacAddr(lists[2][0])],
+            "a held list is never rewritten"
+        );
+        assert_eq!(&s.rx.multicast[..], &[MacAddr(lists[1][0])]);
     }
 
     fn table_cmd(uni: &[[u8; 6]], multi: &[[u8; 6]]) -> Vec<u8> {
@@ -336,8 +381,8 @@ mod tests {
         let m2 = [0x33, 0x33, 0x00, 0x00, 0x00, 0x01];
         let u1 = [0x02, 0, 0, 0, 0, 9];
         s.apply(&f, &table_cmd(&[u1], &[m1, m2])).unwrap();
-        assert_eq!(s.rx.unicast, vec![MacAddr(u1)]);
-        assert_eq!(s.rx.multicast, vec![MacAddr(m1), MacAddr(m2)]);
+        assert_eq!(&s.rx.unicast[..], &[MacAddr(u1)]);
+        assert_eq!(&s.rx.multicast[..], &[MacAddr(m1), MacAddr(m2)]);
         s.apply(&f, &table_cmd(&[], &[])).unwrap();
         assert!(s.rx.unicast.is_empty() && s.rx.multicast.is_empty());
     }

@@ -3,13 +3,32 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use super::ctrl::{Command, CtrlError, CtrlOutcome, CtrlState};
 use super::features::Negotiated;
+use super::filter::model::FilterView;
 use super::filter::{Filter, FilterRegs};
 use super::rss::{Steering, SteeringCell};
-use super::rx_state::{RxMode, RxState};
+use super::rx_state::{MacList, RxMode, RxState};
 use super::snoop;
 use crate::wire::MacAddr;
+
+/// One port's control state as `ctl filter` shows it. The control path replaces it whole
+/// after every change (read-copy-update, as the switch's rules are), so a reader never waits
+/// for the control lock, which a guest's command holds while it is applied. The address
+/// lists are shared with the previous view until a table set changes them: a command other
+/// than a table set publishes in O(buckets).
+#[derive(Debug, Clone)]
+pub struct NicView {
+    pub mac: MacAddr,
+    pub mode: RxMode,
+    pub unicast: MacList,
+    pub multicast: MacList,
+    pub active_queue_pairs: u16,
+    /// Changes only with the address lists: shared between views until they do.
+    pub filter: Arc<FilterView>,
+}
 
 pub struct NicState {
     pub ctrl: CtrlState,
@@ -21,17 +40,68 @@ pub struct NicState {
     pub snooping: bool,
     /// `--port-mac-lock`: the one station address the driver may set.
     mac_lock: Option<MacAddr>,
+    /// The last published view; `view_cell` hands it to readers.
+    view: Arc<ArcSwap<NicView>>,
 }
 
 impl NicState {
     pub fn new(mac: MacAddr, max_queue_pairs: u16, regs: Arc<FilterRegs>, exact_limit: usize) -> Self {
+        let ctrl = CtrlState::new(mac, max_queue_pairs);
+        let filter = Filter::new(regs, exact_limit, mac);
+        let view = Arc::new(ArcSwap::from_pointee(NicView {
+            mac,
+            mode: ctrl.rx.mode,
+            unicast: MacList::default(),
+            multicast: MacList::default(),
+            active_queue_pairs: ctrl.active_queue_pairs,
+            filter: Arc::new(filter.view()),
+        }));
         NicState {
-            ctrl: CtrlState::new(mac, max_queue_pairs),
+            ctrl,
             steering: Arc::new(SteeringCell::new(max_queue_pairs)),
-            filter: Filter::new(regs, exact_limit, mac),
+            filter,
             snooping: false,
             mac_lock: None,
+            view,
         }
+    }
+
+    /// Where the view is published: readers load it without this state's lock.
+    pub fn view_cell(&self) -> Arc<ArcSwap<NicView>> {
+        self.view.clone()
+    }
+
+    /// Replaces the published view with the current state. `tables`: the address lists
+    /// changed (a table set, QEMU's or the snooper's lists, a reset); otherwise the
+    /// previous view's lists are kept.
+    fn publish(&self, tables: bool) {
+        let prev = self.view.load();
+        // Linux's virtnet_set_rx_mode sends PROMISC and ALLMULTI before each table set,
+        // mostly unchanged: those publish nothing.
+        if !tables
+            && prev.mac == self.ctrl.rx.mac
+            && prev.mode == self.ctrl.rx.mode
+            && prev.active_queue_pairs == self.ctrl.active_queue_pairs
+        {
+            return;
+        }
+        let (unicast, multicast, filter) = if tables {
+            (
+                self.ctrl.rx.unicast.clone(),
+                self.ctrl.rx.multicast.clone(),
+                Arc::new(self.filter.view()),
+            )
+        } else {
+            (prev.unicast.clone(), prev.multicast.clone(), prev.filter.clone())
+        };
+        self.view.store(Arc::new(NicView {
+            mac: self.ctrl.rx.mac,
+            mode: self.ctrl.rx.mode,
+            unicast,
+            multicast,
+            active_queue_pairs: self.ctrl.active_queue_pairs,
+            filter,
+        }));
     }
 
     /// Turns snooping on: multicast is filtered to the groups the guest reports (plus
@@ -51,8 +121,8 @@ impl NicState {
         let rx = RxState {
             mac: self.ctrl.rx.mac,
             mode,
-            unicast: Vec::new(),
-            multicast,
+            unicast: MacList::default(),
+            multicast: Arc::new(multicast),
         };
         self.apply_rx_state(rx);
     }
@@ -102,6 +172,7 @@ impl NicState {
             }
             CtrlOutcome::GuestOffloads(_) => {}
         }
+        self.publish(matches!(outcome, CtrlOutcome::MacTable));
         outcome
     }
 
@@ -114,6 +185,7 @@ impl NicState {
         self.filter.set_mode(rx.mode);
         self.filter.sync(&rx.unicast, &rx.multicast);
         self.ctrl.rx = rx;
+        self.publish(true);
     }
 
     /// Device reset: empty tables, default mode; the filter's counters survive.
@@ -124,6 +196,8 @@ impl NicState {
         self.filter.reset(mac);
         if self.snooping {
             self.publish_snooped(snoop::ALWAYS.to_vec());
+        } else {
+            self.publish(true);
         }
     }
 }
@@ -158,6 +232,58 @@ mod tests {
         n.reset(mac);
         assert_eq!(regs.classify(&other), Verdict::Multicast);
         assert_eq!(n.filter.stats().filter_syncs, 1);
+    }
+
+    /// The published view is the state the last command left, for every kind of command,
+    /// and a command that leaves the tables alone shares their lists with the view before.
+    #[test]
+    fn every_change_is_published_and_unchanged_lists_are_shared() {
+        let mac: MacAddr = "52:54:00:d0:aa:01".parse().unwrap();
+        let regs = Arc::new(FilterRegs::new(Layout::Exact, mac));
+        let mut n = NicState::new(mac, 2, regs, 64);
+        let cell = n.view_cell();
+        let feat = Negotiated {
+            bits: crate::device::features::offered(2),
+        };
+        let check = |n: &NicState| {
+            let v = cell.load();
+            assert_eq!(v.mac, n.ctrl.rx.mac);
+            assert_eq!(v.mode, n.ctrl.rx.mode);
+            assert_eq!(&v.unicast[..], &n.ctrl.rx.unicast[..]);
+            assert_eq!(&v.multicast[..], &n.ctrl.rx.multicast[..]);
+            assert_eq!(v.active_queue_pairs, n.ctrl.active_queue_pairs);
+            assert_eq!(*v.filter, n.filter.view());
+        };
+        check(&n);
+        // Two unicast entries (out of order: the view lists them sorted), one group.
+        let (u1, u2): (MacAddr, MacAddr) = (
+            "02:00:00:00:00:09".parse().unwrap(),
+            "02:00:00:00:00:01".parse().unwrap(),
+        );
+        let mut table = vec![1, 0, 2, 0, 0, 0];
+        table.extend_from_slice(&u1.0);
+        table.extend_from_slice(&u2.0);
+        table.extend_from_slice(&[1, 0, 0, 0, 0x01, 0, 0x5e, 1, 2, 3]);
+        n.apply(&feat, &table).unwrap();
+        check(&n);
+        assert_eq!(&cell.load().filter.exact_unicast[..], &[u2, u1]);
+        let before = cell.load_full();
+        for cmd in [
+            &[0u8, 1, 1][..],
+            &[0, 0, 0],
+            &[4, 0, 2, 0],
+            &[1, 1, 2, 0, 0, 0, 0, 7],
+        ] {
+            n.apply(&feat, cmd).unwrap();
+            check(&n);
+            let v = cell.load();
+            assert!(Arc::ptr_eq(&v.unicast, &before.unicast));
+            assert!(Arc::ptr_eq(&v.multicast, &before.multicast));
+            assert!(Arc::ptr_eq(&v.filter, &before.filter));
+        }
+        n.reset(mac);
+        check(&n);
+        assert!(cell.load().multicast.is_empty());
     }
 }
 

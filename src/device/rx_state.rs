@@ -1,5 +1,7 @@
 //! What the driver told the device about reception: rx mode flags and the MAC tables.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use crate::wire::MacAddr;
@@ -35,9 +37,14 @@ impl Default for RxMode {
 pub struct RxState {
     pub mac: MacAddr,
     pub mode: RxMode,
-    pub unicast: Vec<MacAddr>,
-    pub multicast: Vec<MacAddr>,
+    /// Shared with the published view (`nic::NicView`): publishing copies nothing.
+    pub unicast: MacList,
+    pub multicast: MacList,
 }
+
+/// An address list as the driver sent it, shared between the control state and the views
+/// published from it.
+pub type MacList = Arc<Vec<MacAddr>>;
 
 impl RxState {
     /// The state after reset: the config-space MAC, default mode, empty tables (the spec
@@ -46,8 +53,8 @@ impl RxState {
         RxState {
             mac,
             mode: RxMode::default(),
-            unicast: Vec::new(),
-            multicast: Vec::new(),
+            unicast: MacList::default(),
+            multicast: MacList::default(),
         }
     }
 }

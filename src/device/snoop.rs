@@ -16,6 +16,7 @@
 //! once while any group stands unconfirmed. The answers themselves (current-state records)
 //! replace what the snooper believed.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -148,24 +149,28 @@ impl Snooper {
         for r in records {
             let expires = self.timeout.map(|t| now + t);
             change_report |= !matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
-            if !self.groups.contains_key(&r.group) {
-                let joins = match r.kind {
-                    RecordKind::IsExclude | RecordKind::ToExclude => true,
-                    RecordKind::IsInclude | RecordKind::ToInclude | RecordKind::Allow => {
-                        !r.sources.is_empty()
+            let full = self.groups.len() >= self.max_groups;
+            let g = match self.groups.entry(r.group) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    let joins = match r.kind {
+                        RecordKind::IsExclude | RecordKind::ToExclude => true,
+                        RecordKind::IsInclude | RecordKind::ToInclude | RecordKind::Allow => {
+                            !r.sources.is_empty()
+                        }
+                        RecordKind::Block => false,
+                    };
+                    if !joins {
+                        continue;
                     }
-                    RecordKind::Block => false,
-                };
-                if !joins {
-                    continue;
+                    if full {
+                        self.refused.groups += 1;
+                        continue;
+                    }
+                    Self::mac_added(&mut self.macs, &r.group);
+                    v.insert(Group::default())
                 }
-                if self.groups.len() >= self.max_groups {
-                    self.refused.groups += 1;
-                    continue;
-                }
-                Self::mac_added(&mut self.macs, &r.group);
-            }
-            let g = self.groups.entry(r.group).or_default();
+            };
             let was = g.exclude || !g.include.is_empty();
             match r.kind {
                 RecordKind::IsExclude | RecordKind::ToExclude => {

@@ -84,6 +84,7 @@ pub struct FilterView {
     pub buckets_total: usize,
     /// Buckets in use with the number of addresses in each.
     pub buckets: Vec<(usize, u32)>,
+    /// Unicast addresses in exact registers (layouts without a unicast hash), sorted.
     pub exact_unicast: Vec<MacAddr>,
     pub stats: FilterStats,
 }
@@ -203,6 +204,8 @@ impl Filter {
         report
     }
 
+    /// O(buckets + unicast entries): the control path builds it only when a table set
+    /// changed the lists, since nothing else changes it.
     pub fn view(&self) -> FilterView {
         let f = self.regs.flags();
         let mut exact_unicast: Vec<MacAddr> =
@@ -218,9 +221,7 @@ impl Filter {
             mc_overflow: f & F_MC_OVERFLOW != 0,
             uc_overflow: f & F_UC_OVERFLOW != 0,
             buckets_total: hash::bucket_count(self.layout),
-            buckets: self
-                .hw
-                .refs
+            buckets: self.hw.refs[..hash::bucket_count(self.layout)]
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| **r > 0)

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use log::{error, info, trace, warn};
 use thiserror::Error;
 use vhost::vhost_user::Listener;
@@ -32,6 +32,7 @@ use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Layout, Verdict};
+use crate::device::nic::NicView;
 use crate::device::rss::{Steered, SteeringCell};
 use crate::device::snoop::{self, Snooper};
 use crate::device::NicState;
@@ -119,6 +120,8 @@ pub struct GuestPort {
     /// Control-path state (rx mode, tables, filter model): only the control queue and `ctl`
     /// touch it.
     pub ctrl: Mutex<NicState>,
+    /// What `ctl filter` shows, published by the control path after each change.
+    nic_view: Arc<ArcSwap<NicView>>,
     /// The filter registers every frame to this guest is checked against.
     regs: Arc<FilterRegs>,
     /// Which RX queue a frame goes to (RSS), published by the control path.
@@ -184,6 +187,7 @@ impl GuestPort {
             nic.enable_snoop();
         }
         let steering = nic.steering.clone();
+        let nic_view = nic.view_cell();
         GuestPort {
             id,
             socket,
@@ -193,6 +197,7 @@ impl GuestPort {
             ctrl_stats: CtrlStats::default(),
             conn_stats: ConnStats::default(),
             ctrl: Mutex::new(nic),
+            nic_view,
             regs,
             steering,
             connected: AtomicBool::new(false),
@@ -273,6 +278,17 @@ impl GuestPort {
     /// Counters per queue pair, summed over every worker that counted for this port.
     pub fn stats(&self) -> Vec<QueueSnapshot> {
         self.switch.tallies().port(self.id)
+    }
+
+    /// The control state as of the last command applied, without waiting for one being
+    /// applied now.
+    pub fn nic_view(&self) -> Arc<NicView> {
+        self.nic_view.load_full()
+    }
+
+    /// RX steering (RSS) as the control path last published it.
+    pub fn steering(&self) -> &SteeringCell {
+        &self.steering
     }
 
     pub fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, NicState> {
