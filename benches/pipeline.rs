@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use dpaa_vnic::pipeline::neigh::Neighbours;
+use dpaa_vnic::pipeline::router::Neighbours;
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};

@@ -11,7 +11,7 @@ use crate::device::filter::Layout;
 use crate::device::snoop::DEFAULT_MAX_GROUPS;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
-use crate::pipeline::neigh::DEFAULT_NEIGH_LIMIT;
+use crate::pipeline::router::neigh::DEFAULT_NEIGH_LIMIT;
 use crate::pipeline::router::{NextHop, Route, RouterIf};
 use crate::pipeline::source_lock::MacLock;
 use crate::ports::vhost_user::CtrlTuning;

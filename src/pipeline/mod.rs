@@ -4,7 +4,6 @@
 pub mod csum_action;
 pub mod fdb;
 pub mod gso;
-pub mod neigh;
 pub mod router;
 pub mod rules;
 pub mod source_lock;

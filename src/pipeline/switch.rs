@@ -8,7 +8,7 @@ use log::trace;
 
 use super::csum_action::{self, Dir, Verdict};
 use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
-use super::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
+use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};

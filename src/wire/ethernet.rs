@@ -138,7 +138,16 @@ impl serde::Serialize for MacAddr {
     }
 }
 
-/// A read-only view of an Ethernet II frame.
+/// Where each header field lies, named once (as smoltcp's `wire` does).
+pub mod field {
+    use std::ops::Range;
+
+    pub const DESTINATION: Range<usize> = 0..6;
+    pub const SOURCE: Range<usize> = 6..12;
+    pub const ETHERTYPE: Range<usize> = 12..14;
+}
+
+/// A view of an Ethernet II frame: read-only over `&[u8]`, writable over `&mut [u8]`.
 #[derive(Debug, Clone, Copy)]
 pub struct EthernetFrame<T: AsRef<[u8]>> {
     buf: T,
@@ -154,26 +163,40 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         Ok(EthernetFrame { buf })
     }
 
-    fn field6(&self, at: usize) -> MacAddr {
-        let b = self.buf.as_ref();
-        MacAddr([b[at], b[at + 1], b[at + 2], b[at + 3], b[at + 4], b[at + 5]])
+    fn mac(&self, f: std::ops::Range<usize>) -> MacAddr {
+        let b = &self.buf.as_ref()[f];
+        MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]])
     }
 
     pub fn dst(&self) -> MacAddr {
-        self.field6(0)
+        self.mac(field::DESTINATION)
     }
 
     pub fn src(&self) -> MacAddr {
-        self.field6(6)
+        self.mac(field::SOURCE)
     }
 
     pub fn ethertype(&self) -> u16 {
-        let b = self.buf.as_ref();
-        u16::from_be_bytes([b[12], b[13]])
+        let b = &self.buf.as_ref()[field::ETHERTYPE];
+        u16::from_be_bytes([b[0], b[1]])
     }
 
     pub fn payload(&self) -> &[u8] {
         &self.buf.as_ref()[HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
+    pub fn set_dst(&mut self, mac: MacAddr) {
+        self.buf.as_mut()[field::DESTINATION].copy_from_slice(&mac.0);
+    }
+
+    pub fn set_src(&mut self, mac: MacAddr) {
+        self.buf.as_mut()[field::SOURCE].copy_from_slice(&mac.0);
+    }
+
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf.as_mut()[HEADER_LEN..]
     }
 }
 

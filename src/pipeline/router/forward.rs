@@ -1,0 +1,163 @@
+//! What the router does with one frame. IPv4 and IPv6 share the forwarding skeleton
+//! ([`forward`]): the router's own address, TTL, resolution through the worker's cache,
+//! asking for an unresolved next hop, unreachable, rewrite. Each version supplies what
+//! differs as a [`Family`].
+
+use std::net::IpAddr;
+
+use super::cache::RouteCache;
+use super::table::Resolution;
+use super::{ipv4, ipv6, Lookup, RouteTable, ROUTER_MAC};
+use crate::stats::QueueStats;
+use crate::wire::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+use crate::wire::{EthernetFrame, MacAddr};
+
+/// What the switch does with a frame after the router looked at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Not the router's business: switch it at L2 as usual.
+    Switch,
+    /// Handled or dropped (and counted); nothing to send.
+    Done,
+    /// Send the frame the router built in `RouteCache::scratch` out of `port`.
+    Emit { port: usize },
+    /// The frame was turned into an answer in place: send it back out of `port`.
+    Bounce { port: usize },
+    /// The frame was rewritten for its next hop: switch it to its new destination MAC,
+    /// back out of the port it came from if that is where the next hop is.
+    Routed,
+}
+
+/// The router's verdict plus a neighbour to record (from ARP or NDP) before acting on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub step: Step,
+    pub learn: Option<(IpAddr, MacAddr)>,
+}
+
+impl Outcome {
+    pub(super) fn step(step: Step) -> Self {
+        Outcome { step, learn: None }
+    }
+}
+
+/// Looks at one untagged frame that entered on `port`: ARP for the router's addresses and
+/// neighbours, neighbour discovery, and IP addressed to the router's MAC. Counters go to
+/// the ingress queue.
+pub fn handle(
+    at: &Lookup<'_>,
+    port: usize,
+    frame: &mut [u8],
+    cache: &mut RouteCache,
+    stats: &QueueStats,
+) -> Outcome {
+    let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
+        return Outcome::step(Step::Switch);
+    };
+    let to_router = eth.dst() == ROUTER_MAC;
+    match eth.ethertype() {
+        ETHERTYPE_ARP => ipv4::arp(at.table, port, frame, cache),
+        ETHERTYPE_IPV4 if to_router => Outcome::step(ipv4::route(at, port, frame, cache, stats)),
+        ETHERTYPE_IPV6 => ipv6::handle(at, port, to_router, frame, cache, stats),
+        _ => Outcome::step(Step::Switch),
+    }
+}
+
+/// The ICMP errors the router sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IcmpError {
+    TimeExceeded,
+    Unreachable,
+}
+
+/// What forwarding needs from one IP version, for a packet already checked.
+pub(super) trait Family {
+    fn dst(&self) -> IpAddr;
+    /// TTL or hop limit.
+    fn ttl(&self) -> u8;
+    /// Turns an echo request to one of the router's addresses into its reply in place;
+    /// false when the packet is something else.
+    fn echo_reply(&self, frame: &mut [u8]) -> bool;
+    /// Builds `e` about the packet in `frame` into `out`, from the router's address on
+    /// `port`; false when none may be sent (an error about an error, no address to send
+    /// from).
+    fn error(&self, table: &RouteTable, port: usize, frame: &[u8], out: &mut Vec<u8>, e: IcmpError) -> bool;
+    /// Builds the request for `hop`'s MAC (ARP request, neighbour solicitation), sent
+    /// from `from`, into `out`; false if the addresses are not of this family.
+    fn solicit(out: &mut Vec<u8>, from: IpAddr, hop: IpAddr) -> bool;
+    /// Decrements the TTL or hop limit of the packet in `frame`.
+    fn decrement_ttl(frame: &mut [u8]);
+}
+
+/// Forwards a packet sent to the router's MAC: the skeleton both IP versions share.
+pub(super) fn forward<F: Family>(
+    at: &Lookup<'_>,
+    port: usize,
+    pkt: &F,
+    frame: &mut [u8],
+    cache: &mut RouteCache,
+    stats: &QueueStats,
+) -> Step {
+    let error = |frame: &[u8], cache: &mut RouteCache, e| {
+        if pkt.error(at.table, port, frame, &mut cache.scratch, e) {
+            Step::Emit { port }
+        } else {
+            Step::Done
+        }
+    };
+    let dst = pkt.dst();
+    if at.table.is_own(dst) {
+        return if pkt.echo_reply(frame) {
+            Step::Bounce { port }
+        } else {
+            Step::Done
+        };
+    }
+    if pkt.ttl() <= 1 {
+        stats.route_ttl_exceeded.inc();
+        return error(frame, cache, IcmpError::TimeExceeded);
+    }
+    let mac = match cached_resolve(at, dst, cache, stats) {
+        Resolution::Forward { mac, .. } => mac,
+        Resolution::Unresolved {
+            next_hop,
+            port: out,
+            from,
+        } => {
+            // Ask, and drop this packet: the sender's retransmission finds the neighbour
+            // (a router may drop while it resolves, RFC 1812 4.3.2.2).
+            stats.route_unresolved.inc();
+            return if F::solicit(&mut cache.scratch, from, next_hop) {
+                Step::Emit { port: out }
+            } else {
+                Step::Done
+            };
+        }
+        Resolution::NoRoute => {
+            stats.route_unreachable.inc();
+            return error(frame, cache, IcmpError::Unreachable);
+        }
+    };
+    if let Ok(mut eth) = EthernetFrame::new_checked(&mut *frame) {
+        eth.set_dst(mac);
+        eth.set_src(ROUTER_MAC);
+    }
+    F::decrement_ttl(frame);
+    stats.routed.inc();
+    Step::Routed
+}
+
+/// The next hop for `dst`, from the worker's cache when it holds this generation, else
+/// from the table (a forwardable answer is then cached). Counts hits and misses.
+fn cached_resolve(at: &Lookup<'_>, dst: IpAddr, cache: &mut RouteCache, stats: &QueueStats) -> Resolution {
+    if let Some((mac, port)) = cache.get(at.generation, dst) {
+        stats.route_cache_hit.inc();
+        return Resolution::Forward { mac, port };
+    }
+    stats.route_cache_miss.inc();
+    let r = at.table.resolve(dst, at.neigh);
+    if let Resolution::Forward { mac, port } = r {
+        cache.put(dst, mac, port);
+    }
+    r
+}
