@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{FilterRegs, Layout};
-use dpaa_vnic::device::{Command, NicState};
+use dpaa_vnic::device::NicState;
 use dpaa_vnic::ports::vhost_user::evict::NextLines;
 use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl};
 use dpaa_vnic::wire::MacAddr;
@@ -148,7 +148,7 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baselin
         let c = chain.unwrap();
         let answer_first = as_shipped || baseline != Baseline::ApplyFirst;
         let (ack, later) = match nic.parse(&feat, &buf[..c.len]) {
-            Ok(table @ Command::MacTable { .. }) if answer_first => (0u8, Some(table)),
+            Ok(table) if answer_first && table.is_table_set() => (0u8, Some(table)),
             Ok(cmd) => {
                 nic.execute(cmd);
                 (0, None)

@@ -12,7 +12,8 @@ use crate::device::snoop::DEFAULT_MAX_GROUPS;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
 use crate::pipeline::router::neigh::DEFAULT_NEIGH_LIMIT;
-use crate::pipeline::router::{NextHop, Route, RouterIf};
+use crate::pipeline::router::{Route, RouterIf};
+use crate::pipeline::rules::NamesPort;
 use crate::pipeline::source_lock::MacLock;
 use crate::ports::vhost_user::CtrlTuning;
 use crate::unix_socket::SocketAccess;
@@ -121,8 +122,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
     pub exact_limit: usize,
     /// Microseconds the control queue keeps polling for the next command after serving one
-    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands. 1 ms
-    /// covers the gaps of a 7.x guest, which batches its list changes in a work item.
+    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands; the
+    /// default covers the gaps between a Linux guest's commands (docs/benchmarks.md, "The
+    /// polling window").
     #[arg(long, default_value_t = 1000, value_name = "US")]
     pub ctrl_poll_us: u64,
     /// Opt-in: SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a
@@ -233,16 +235,8 @@ pub enum ConfigError {
     CtrlPoll(u64),
     #[error("--ctrl-wake-priority {0} is out of range 0..=99")]
     CtrlWakePriority(u8),
-    #[error(
-        "--csum-action {action}: port {port} does not exist ({ports} ports: --socket in order, then --tap)"
-    )]
-    ActionPort {
-        action: String,
-        port: usize,
-        ports: usize,
-    },
     #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
-    RoutePort {
+    Port {
         what: &'static str,
         spec: String,
         port: usize,
@@ -410,33 +404,9 @@ impl TryFrom<RunArgs> for Config {
             return Err(ConfigError::ExactLimit(a.exact_limit));
         }
         let nports = a.sockets.len() + usize::from(a.tap.is_some());
-        if let Some(bad) = a.csum_actions.iter().find(|c| c.port >= nports) {
-            return Err(ConfigError::ActionPort {
-                action: bad.to_string(),
-                port: bad.port,
-                ports: nports,
-            });
-        }
-        if let Some(bad) = a.router_ips.iter().find(|r| r.port >= nports) {
-            return Err(ConfigError::RoutePort {
-                what: "--router-ip",
-                spec: bad.to_string(),
-                port: bad.port,
-                ports: nports,
-            });
-        }
-        for r in &a.routes {
-            if let NextHop::Port(port) = r.hop {
-                if port >= nports {
-                    return Err(ConfigError::RoutePort {
-                        what: "--route",
-                        spec: r.to_string(),
-                        port,
-                        ports: nports,
-                    });
-                }
-            }
-        }
+        check_ports("--csum-action", &a.csum_actions, nports)?;
+        check_ports("--router-ip", &a.router_ips, nports)?;
+        check_ports("--route", &a.routes, nports)?;
         if !a.routes.is_empty() && a.router_ips.is_empty() {
             return Err(ConfigError::RouteWithoutRouter);
         }
@@ -491,6 +461,19 @@ impl TryFrom<RunArgs> for Config {
             neigh_limit: a.neigh_limit,
             snoop_max_groups: a.snoop_max_groups,
         })
+    }
+}
+
+/// Every rule in `items` names a port there is.
+fn check_ports<T: NamesPort>(what: &'static str, items: &[T], ports: usize) -> Result<(), ConfigError> {
+    match items.iter().find_map(|i| Some((i, i.missing_port(ports)?))) {
+        Some((bad, port)) => Err(ConfigError::Port {
+            what,
+            spec: bad.to_string(),
+            port,
+            ports,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -585,7 +568,8 @@ mod tests {
         );
         assert!(matches!(
             parse(&["--socket", "a", "--csum-action", "port=1,dir=egress,update=udp"]),
-            Err(ConfigError::ActionPort {
+            Err(ConfigError::Port {
+                what: "--csum-action",
                 port: 1,
                 ports: 1,
                 ..

@@ -5,13 +5,16 @@
 //! - [`device`]: the virtio-net device model (features, config, control commands);
 //! - [`pipeline`]: per-packet work (the learning switch);
 //! - [`ports`]: I/O (vhost-user queues, tap); the only layer that touches fds and vrings;
-//! - [`control`] and [`config`]: control socket, statistics and the command line.
+//! - [`control`] and [`config`]: control socket, statistics and the command line;
+//! - [`daemon`]: starts all of it from a [`config::Config`] and removes what it bound when
+//!   dropped (`main.rs` only parses arguments and waits for a signal).
 //!
 //! Shared by every layer: [`stats`] (per-thread counters) and [`unix_socket`] (listening
 //! sockets created with the access asked for).
 
 pub mod config;
 pub mod control;
+pub mod daemon;
 pub mod device;
 pub mod logging;
 pub mod pipeline;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use dpaa_vnic::device::features::Attachment;
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
@@ -150,7 +151,7 @@ fn negotiation_and_config_space() {
         cfg,
         vec![0x52, 0x54, 0x00, 0xd0, 0xaa, 0x01, 1, 0, 1, 0, 0xdc, 0x05]
     );
-    wait_until("attachment", || r.port.attachment() == Some("net"));
+    wait_until("attachment", || r.port.attachment() == Some(Attachment::Net));
 }
 
 #[test]
@@ -597,7 +598,7 @@ fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
 /// is the device attachment.
 fn ctrl_guest(r: &Rig) -> Guest {
     let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
-    wait_until("attachment", || r.port.attachment() == Some("device"));
+    wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
     g
 }
 
@@ -855,7 +856,7 @@ fn a_locked_guest_cannot_send_from_or_move_to_another_address() {
         &r.path,
         VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_MAC_ADDR | PROTOCOL_FEATURES,
     );
-    wait_until("attachment", || r.port.attachment() == Some("device"));
+    wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
     let txq = g.queue(1);
     let own = frame("ff:ff:ff:ff:ff:ff", 60);
     let mut spoofed = own.clone();

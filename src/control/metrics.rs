@@ -257,7 +257,7 @@ mod tests {
                 kind: "vhost-user",
                 name: "s".into(),
                 connected: true,
-                attachment: Some("net"),
+                attachment: Some(crate::device::features::Attachment::Net),
                 queues: vec![q(0, 5), q(1, 7)],
                 totals: QueueSnapshot::default(),
                 ctrl: CtrlSnapshot {

@@ -4,6 +4,8 @@
 //! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`, and the same three
 //! for `route`. Answers are objects; failures carry an `"error"` key.
 
+#![forbid(unsafe_code)]
+
 pub mod bounded;
 pub mod client;
 pub mod metrics;

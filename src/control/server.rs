@@ -21,8 +21,8 @@ use thiserror::Error;
 use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, PortRef};
 use crate::pipeline::csum_action::CsumAction;
-use crate::pipeline::router::{NextHop, Route};
-use crate::pipeline::rules::Rules;
+use crate::pipeline::router::Route;
+use crate::pipeline::rules::{NamesPort, Rules};
 use crate::pipeline::Switch;
 use crate::unix_socket::{self, SocketAccess, SocketError};
 
@@ -117,16 +117,15 @@ fn error(msg: String) -> Result<serde_json::Value, serde_json::Error> {
 }
 
 /// Adds or removes one entry of a list in the switch's rules (checksum actions, routes), as
-/// a new snapshot: `list` picks the list, `port` names the port an entry needs, if any.
+/// a new snapshot: `list` picks the list; an entry may name only a port there is.
 fn edit_list<T>(
     d: &Daemon,
     add: bool,
     arg: Option<&str>,
     list: impl FnOnce(&mut Rules) -> Result<&mut Vec<T>, String>,
-    port: impl Fn(&T) -> Option<usize>,
 ) -> Result<(), String>
 where
-    T: std::str::FromStr + PartialEq + std::fmt::Display,
+    T: std::str::FromStr + PartialEq + NamesPort,
     T::Err: std::fmt::Display,
 {
     let spec = arg.ok_or("this command needs a spec")?;
@@ -135,7 +134,7 @@ where
     d.switch.rules().update(|rules| {
         let items = list(rules)?;
         if add {
-            if let Some(p) = port(&item).filter(|&p| p >= nports) {
+            if let Some(p) = item.missing_port(nports) {
                 return Err(format!("port {p} does not exist ({nports} ports)"));
             }
             if items.contains(&item) {
@@ -164,26 +163,17 @@ fn reply<V: serde::Serialize>(
 }
 
 fn edit_actions(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
-    let r = edit_list::<CsumAction>(d, add, arg, |r| Ok(&mut r.actions), |a| Some(a.port));
+    let r = edit_list::<CsumAction>(d, add, arg, |r| Ok(&mut r.actions));
     reply(r, || view::actions(&d.switch))
 }
 
 fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
-    let r = edit_list::<Route>(
-        d,
-        add,
-        arg,
-        |r| {
-            if !r.router.enabled() {
-                return Err("the router is off: start the daemon with --router-ip".into());
-            }
-            Ok(&mut r.router.routes)
-        },
-        |r| match r.hop {
-            NextHop::Port(p) => Some(p),
-            NextHop::Via(_) => None,
-        },
-    );
+    let r = edit_list::<Route>(d, add, arg, |r| {
+        if !r.router.enabled() {
+            return Err("the router is off: start the daemon with --router-ip".into());
+        }
+        Ok(&mut r.router.routes)
+    });
     reply(r, || view::routes(&d.switch))
 }
 

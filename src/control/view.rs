@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::Daemon;
-use crate::device::filter::model::{FilterStats, FilterView as HwFilterView};
+use crate::device::features::Attachment;
+use crate::device::filter::model::{FilterSnapshot, FilterStats};
 use crate::device::rx_state::MacList;
 use crate::device::RxMode;
 use crate::pipeline::Switch;
@@ -35,7 +36,7 @@ pub struct PortStats {
     pub kind: &'static str,
     pub name: String,
     pub connected: bool,
-    pub attachment: Option<&'static str>,
+    pub attachment: Option<Attachment>,
     pub queues: Vec<QueueView>,
     pub totals: QueueSnapshot,
     #[serde(flatten)]
@@ -134,14 +135,14 @@ pub fn stats(d: &Daemon) -> StatsView {
 pub struct PortFilter {
     pub id: usize,
     pub name: String,
-    pub attachment: Option<&'static str>,
+    pub attachment: Option<Attachment>,
     pub mac: MacAddr,
     pub rx_mode: RxMode,
     pub unicast: MacList,
     pub multicast: MacList,
     pub active_queue_pairs: u16,
     /// The DPAA filter's side: layout, buckets in use with reference counts, overflow.
-    pub filter: Arc<HwFilterView>,
+    pub filter: Arc<FilterSnapshot>,
     /// With --snoop: groups learned from the guest's reports.
     pub snooped_groups: Option<usize>,
     /// RX steering: the driver's RSS / hash configuration, if it sent one.

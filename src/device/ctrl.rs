@@ -68,31 +68,46 @@ pub enum CtrlOutcome {
     Rss(RssConfig),
 }
 
-/// One command, checked whole and borrowing the driver's bytes. `CtrlState::parse` decides
+/// One command `CtrlState::parse` accepted, borrowing the driver's bytes. `parse` decides
 /// the ack; `CtrlState::execute` cannot fail, so a caller may answer the driver between the
-/// two and do the work while the driver goes on. Only `parse` makes them (the variants are
-/// `non_exhaustive`): `execute` trusts what they hold, a queue-pair count for one.
+/// two and do the work while the driver goes on. Its variant is private, so only `parse`
+/// makes one, and `execute` trusts what it holds (a queue-pair count within the device's,
+/// for one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command<'a> {
+pub struct ValidCommand<'a>(Cmd<'a>);
+
+impl ValidCommand<'_> {
+    /// A MAC_TABLE_SET: answered before it is applied (backend.rs).
+    pub fn is_table_set(&self) -> bool {
+        matches!(self.0, Cmd::MacTable { .. })
+    }
+
+    /// The station address a MAC_ADDR_SET asks for.
+    pub fn station(&self) -> Option<MacAddr> {
+        match self.0 {
+            Cmd::MacAddr(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cmd<'a> {
     /// CTRL_RX: one of the rx-mode flags (`VIRTIO_NET_CTRL_RX_*`), on or off.
-    #[non_exhaustive]
-    RxFlag { which: u32, on: bool },
-    #[non_exhaustive]
+    RxFlag {
+        which: u32,
+        on: bool,
+    },
     MacTable {
         unicast: &'a [MacAddr],
         multicast: &'a [MacAddr],
     },
-    #[non_exhaustive]
     MacAddr(MacAddr),
-    #[non_exhaustive]
     QueuePairs(u16),
     /// RSS_CONFIG: steering, and the TX queues in use.
-    #[non_exhaustive]
     Rss(RssConfig),
     /// HASH_CONFIG: hash reports only.
-    #[non_exhaustive]
     HashConfig(RssConfig),
-    #[non_exhaustive]
     GuestOffloads(u64),
 }
 
@@ -142,7 +157,11 @@ impl CtrlState {
 
     /// Checks one command against the negotiated features and this device, without changing
     /// anything: an error here is the VIRTIO_NET_ERR ack.
-    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Command<'a>, CtrlError> {
+    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<ValidCommand<'a>, CtrlError> {
+        self.check(feat, cmd).map(ValidCommand)
+    }
+
+    fn check<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Cmd<'a>, CtrlError> {
         let (class, command, data) = match cmd {
             [class, command, data @ ..] => (*class, *command, data),
             _ => return Err(CtrlError::Truncated(cmd.len())),
@@ -178,7 +197,7 @@ impl CtrlState {
                     1 => true,
                     v => return Err(CtrlError::BadFlag(v)),
                 };
-                Ok(Command::RxFlag { which: c, on })
+                Ok(Cmd::RxFlag { which: c, on })
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
@@ -187,12 +206,12 @@ impl CtrlState {
                 if !rest.is_empty() {
                     return Err(CtrlError::BadTable("trailing bytes after the multicast table"));
                 }
-                Ok(Command::MacTable { unicast, multicast })
+                Ok(Cmd::MacTable { unicast, multicast })
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
                 need(feat.has(VIRTIO_NET_F_CTRL_MAC_ADDR))?;
                 exact(6)?;
-                Ok(Command::MacAddr(
+                Ok(Cmd::MacAddr(
                     MacAddr::from_slice(data).ok_or(CtrlError::Truncated(data.len()))?,
                 ))
             }
@@ -203,17 +222,17 @@ impl CtrlState {
                 if n == 0 || n > self.max_queue_pairs {
                     return Err(CtrlError::BadQueuePairs(n, self.max_queue_pairs));
                 }
-                Ok(Command::QueuePairs(n))
+                Ok(Cmd::QueuePairs(n))
             }
             (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_RSS_CONFIG) => {
                 need(feat.rss())?;
-                Ok(Command::Rss(
+                Ok(Cmd::Rss(
                     RssConfig::parse_rss(data, self.max_queue_pairs).map_err(CtrlError::Rss)?,
                 ))
             }
             (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_HASH_CONFIG) => {
                 need(feat.hash_report())?;
-                Ok(Command::HashConfig(
+                Ok(Cmd::HashConfig(
                     RssConfig::parse_hash(data).map_err(CtrlError::Rss)?,
                 ))
             }
@@ -226,16 +245,16 @@ impl CtrlState {
                 if offloads & !(feat.bits & GUEST_OFFLOAD_MASK) != 0 {
                     return Err(CtrlError::BadOffloads(offloads));
                 }
-                Ok(Command::GuestOffloads(offloads))
+                Ok(Cmd::GuestOffloads(offloads))
             }
             _ => Err(CtrlError::Unknown { class, cmd: command }),
         }
     }
 
     /// Applies a command `parse` accepted.
-    pub fn execute(&mut self, c: Command<'_>) -> CtrlOutcome {
-        match c {
-            Command::RxFlag { which, on } => {
+    pub fn execute(&mut self, c: ValidCommand<'_>) -> CtrlOutcome {
+        match c.0 {
+            Cmd::RxFlag { which, on } => {
                 let m = &mut self.rx.mode;
                 let flag = match which {
                     VIRTIO_NET_CTRL_RX_PROMISC => &mut m.promisc,
@@ -248,26 +267,26 @@ impl CtrlState {
                 *flag = on;
                 CtrlOutcome::RxMode
             }
-            Command::MacTable { unicast, multicast } => {
+            Cmd::MacTable { unicast, multicast } => {
                 refill(&mut self.rx.unicast, &mut self.spare[0], unicast);
                 refill(&mut self.rx.multicast, &mut self.spare[1], multicast);
                 CtrlOutcome::MacTable
             }
-            Command::MacAddr(mac) => {
+            Cmd::MacAddr(mac) => {
                 self.rx.mac = mac;
                 CtrlOutcome::MacAddr
             }
-            Command::QueuePairs(n) => {
+            Cmd::QueuePairs(n) => {
                 self.active_queue_pairs = n;
                 CtrlOutcome::QueuePairs(n)
             }
-            Command::Rss(c) => {
+            Cmd::Rss(c) => {
                 // max_tx_vq plays VQ_PAIRS_SET's part when RSS is on.
                 self.active_queue_pairs = c.max_tx_vq;
                 CtrlOutcome::Rss(c)
             }
-            Command::HashConfig(c) => CtrlOutcome::Rss(c),
-            Command::GuestOffloads(bits) => {
+            Cmd::HashConfig(c) => CtrlOutcome::Rss(c),
+            Cmd::GuestOffloads(bits) => {
                 self.guest_offloads = bits;
                 CtrlOutcome::GuestOffloads(bits)
             }

@@ -51,6 +51,17 @@ pub fn offered(queue_pairs: u16) -> u64 {
 }
 
 /// What the data path needs to know about an acked feature set.
+/// How QEMU attached the guest's driver (docs/running-with-qemu.md): `vhost-user-net-pci`
+/// passes the control queue through (device), `-netdev vhost-user` keeps it in QEMU (net).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attachment {
+    /// Connected, no features acked yet.
+    Negotiating,
+    Device,
+    Net,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Negotiated {
     pub bits: u64,
@@ -80,6 +91,17 @@ impl Negotiated {
     /// attachment passes that bit through.
     pub fn ctrl_vq(&self) -> bool {
         self.has(VIRTIO_NET_F_CTRL_VQ)
+    }
+
+    /// How QEMU attached the driver, as far as these features tell.
+    pub fn attachment(&self) -> Attachment {
+        if self.bits == 0 {
+            Attachment::Negotiating
+        } else if self.ctrl_vq() {
+            Attachment::Device
+        } else {
+            Attachment::Net
+        }
     }
 
     pub fn mq(&self) -> bool {

@@ -2,6 +2,8 @@
 //! receive state they produce. No vrings, no file descriptors: everything here is driven by
 //! byte buffers and is tested on its own.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod ctrl;
 pub mod features;
@@ -12,6 +14,6 @@ pub mod rx_state;
 pub mod snoop;
 
 pub use config::NetConfig;
-pub use ctrl::{Command, CtrlError, CtrlOutcome};
+pub use ctrl::{CtrlError, CtrlOutcome, ValidCommand};
 pub use nic::NicState;
 pub use rx_state::{RxMode, RxState};

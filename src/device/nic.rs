@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::ctrl::{Command, CtrlError, CtrlOutcome, CtrlState};
+use super::ctrl::{CtrlError, CtrlOutcome, CtrlState, ValidCommand};
 use super::features::Negotiated;
-use super::filter::model::FilterView;
+use super::filter::model::FilterSnapshot;
 use super::filter::{Filter, FilterRegs};
 use super::rss::{Steering, SteeringCell};
 use super::rx_state::{MacList, RxMode, RxState};
@@ -27,7 +27,7 @@ pub struct NicView {
     pub multicast: MacList,
     pub active_queue_pairs: u16,
     /// Changes only with the address lists: shared between views until they do.
-    pub filter: Arc<FilterView>,
+    pub filter: Arc<FilterSnapshot>,
 }
 
 pub struct NicState {
@@ -135,10 +135,11 @@ impl NicState {
     }
 
     /// Checks one control command (`CtrlState::parse`): its result is the ack.
-    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Command<'a>, CtrlError> {
-        match self.ctrl.parse(feat, cmd)? {
-            Command::MacAddr(m) if self.mac_lock.is_some_and(|l| l != m) => Err(CtrlError::MacLocked(m)),
-            c => Ok(c),
+    pub fn parse<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<ValidCommand<'a>, CtrlError> {
+        let c = self.ctrl.parse(feat, cmd)?;
+        match (c.station(), self.mac_lock) {
+            (Some(m), Some(lock)) if m != lock => Err(CtrlError::MacLocked(m)),
+            _ => Ok(c),
         }
     }
 
@@ -148,7 +149,7 @@ impl NicState {
     }
 
     /// Applies a command `parse` accepted, and brings the filter along.
-    pub fn execute(&mut self, c: Command<'_>) -> CtrlOutcome {
+    pub fn execute(&mut self, c: ValidCommand<'_>) -> CtrlOutcome {
         let outcome = self.ctrl.execute(c);
         match &outcome {
             CtrlOutcome::RxMode => self.filter.set_mode(self.ctrl.rx.mode),

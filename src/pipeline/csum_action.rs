@@ -437,7 +437,7 @@ fn update_v6(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
 
 /// The result of a port's action list on one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ActionVerdict {
     /// No action matched, or none had anything to write.
     Untouched,
     Updated,
@@ -447,8 +447,12 @@ pub enum Verdict {
 /// Runs `actions` (already those of one port and direction) in order on a frame. A frame
 /// whose upper-layer checksum an action computed is marked DATA_VALID (and a virtio partial
 /// checksum loses NEEDS_CSUM): a GUEST_CSUM receiver need not verify what was just computed.
-pub fn run(actions: &[CsumAction], hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> (Verdict, Option<CsumFail>) {
-    let mut verdict = Verdict::Untouched;
+pub fn run(
+    actions: &[CsumAction],
+    hdr: &mut VirtioNetHdr,
+    frame: &mut [u8],
+) -> (ActionVerdict, Option<CsumFail>) {
+    let mut verdict = ActionVerdict::Untouched;
     for a in actions {
         if !a.matches(frame) {
             continue;
@@ -459,10 +463,10 @@ pub fn run(actions: &[CsumAction], hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> 
                     hdr.flags = (hdr.flags & !F_NEEDS_CSUM) | F_DATA_VALID;
                 }
                 if d.wrote {
-                    verdict = Verdict::Updated;
+                    verdict = ActionVerdict::Updated;
                 }
             }
-            Err(e) => return (Verdict::Drop, Some(e)),
+            Err(e) => return (ActionVerdict::Drop, Some(e)),
         }
     }
     (verdict, None)
@@ -514,7 +518,7 @@ mod tests {
         u16::from_be_bytes([f[at], f[at + 1]])
     }
 
-    fn run_one(spec: &str, f: &mut [u8]) -> (Verdict, Option<CsumFail>) {
+    fn run_one(spec: &str, f: &mut [u8]) -> (ActionVerdict, Option<CsumFail>) {
         run(&[act(spec)], &mut VirtioNetHdr::default(), f)
     }
 
@@ -523,7 +527,7 @@ mod tests {
         // Expected values from an independent Python implementation of RFC 1071.
         let mut f = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_UDP, 0, &udp(b"hello", 0xdead)));
         let (v, e) = run_one("port=0,dir=ingress,update=iph+udp", &mut f);
-        assert_eq!((v, e), (Verdict::Updated, None));
+        assert_eq!((v, e), (ActionVerdict::Updated, None));
         assert_eq!(be16(&f, 14 + 10), 0x65c9);
         assert_eq!(be16(&f, 14 + 20 + 6), 0x83d7);
     }
@@ -539,7 +543,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV4, &ip);
         assert_eq!(
             run_one("port=0,dir=egress,update=tcp+iph", &mut f).0,
-            Verdict::Updated
+            ActionVerdict::Updated
         );
         assert_eq!(be16(&f, 14 + 10), 0x62bf);
         assert_eq!(be16(&f, 14 + 24 + 16), 0xcf3f);
@@ -558,7 +562,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV6, &ip);
         assert_eq!(
             run_one("port=0,dir=egress,update=icmp", &mut f).0,
-            Verdict::Updated
+            ActionVerdict::Updated
         );
         assert_eq!(be16(&f, 14 + 48 + 2), 0x9039);
     }
@@ -570,7 +574,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_SCTP, 0, &sc));
         assert_eq!(
             run_one("port=0,dir=egress,update=sctp", &mut f).0,
-            Verdict::Updated
+            ActionVerdict::Updated
         );
         assert_eq!(&f[14 + 20 + 8..14 + 20 + 12], &[0xca, 0x8b, 0xbe, 0x3c]);
         // The iSCSI check value, so a swapped polynomial would show here too.
@@ -583,7 +587,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_UDP, 0, &udp(b"abcd", 0)));
         assert_eq!(
             run_one("port=0,dir=egress,update=udp", &mut f).0,
-            Verdict::Untouched
+            ActionVerdict::Untouched
         );
         assert_eq!(be16(&f, 40), 0);
         // A payload word chosen so the checksum computes to 0: sent as 0xFFFF.
@@ -626,7 +630,7 @@ mod tests {
         let mut f = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_UDP, 0, &u));
         assert_eq!(
             run_one("port=0,dir=egress,update=udp", &mut f).0,
-            Verdict::Untouched
+            ActionVerdict::Untouched
         );
         assert_eq!(be16(&f, 40), 0xdead);
     }
@@ -638,30 +642,39 @@ mod tests {
         let mut f = good.clone();
         f[16..18].copy_from_slice(&500u16.to_be_bytes());
         let (v, e) = run_one("port=0,dir=egress,update=udp", &mut f);
-        assert_eq!(v, Verdict::Drop);
+        assert_eq!(v, ActionVerdict::Drop);
         assert!(matches!(e, Some(CsumFail::Length { ipl: 500, .. })));
         // Total length too short for a UDP header.
         let mut f = good.clone();
         f[16..18].copy_from_slice(&24u16.to_be_bytes());
-        assert_eq!(run_one("port=0,dir=egress,update=udp", &mut f).0, Verdict::Drop);
+        assert_eq!(
+            run_one("port=0,dir=egress,update=udp", &mut f).0,
+            ActionVerdict::Drop
+        );
         // IHL below 5.
         let mut f = good.clone();
         f[14] = 0x44;
-        assert_eq!(run_one("port=0,dir=egress,update=iph", &mut f).0, Verdict::Drop);
+        assert_eq!(
+            run_one("port=0,dir=egress,update=iph", &mut f).0,
+            ActionVerdict::Drop
+        );
         // Truncated IPv4 header; a non-IP frame is none of the action's business.
         let mut f = good[..30].to_vec();
-        assert_eq!(run_one("port=0,dir=egress,update=iph", &mut f).0, Verdict::Drop);
+        assert_eq!(
+            run_one("port=0,dir=egress,update=iph", &mut f).0,
+            ActionVerdict::Drop
+        );
         let mut arp = eth(0x0806, &[0u8; 28]);
         assert_eq!(
             run_one("port=0,dir=egress,update=iph", &mut arp).0,
-            Verdict::Untouched
+            ActionVerdict::Untouched
         );
         // Targets that do not cover the protocol leave the packet alone even if it is bad.
         let mut f = good.clone();
         f[16..18].copy_from_slice(&500u16.to_be_bytes());
         assert_eq!(
             run_one("port=0,dir=egress,update=tcp", &mut f).0,
-            Verdict::Untouched
+            ActionVerdict::Untouched
         );
     }
 
@@ -677,7 +690,7 @@ mod tests {
         ] {
             let mut f = f0.clone();
             let v = run_one(spec, &mut f).0;
-            assert_eq!(v == Verdict::Updated, hit, "{spec}");
+            assert_eq!(v == ActionVerdict::Updated, hit, "{spec}");
         }
         // A virtio partial checksum that the action computes in full is no longer partial.
         let mut hdr = VirtioNetHdr {
@@ -699,7 +712,7 @@ mod tests {
         };
         assert_eq!(
             run(&[act("port=0,dir=egress,update=tcp")], &mut hdr, &mut f).0,
-            Verdict::Untouched
+            ActionVerdict::Untouched
         );
     }
 

@@ -62,6 +62,11 @@ impl Fdb {
         }
     }
 
+    /// Entries a port may hold (`--fdb-limit`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     fn home(&self, mac: u64) -> usize {
         self.key.hash_one(mac) as usize % SLOTS
     }

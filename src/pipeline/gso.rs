@@ -70,7 +70,7 @@ const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
 
 /// Where the headers of a GSO frame are.
-struct Layout {
+struct GsoLayout {
     l3: usize,
     l4: usize,
     /// Ethernet + IP (+ extension headers) + TCP/UDP header.
@@ -80,7 +80,7 @@ struct Layout {
     segments: usize,
 }
 
-fn layout(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<Layout, GsoError> {
+fn layout(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<GsoLayout, GsoError> {
     let gso = hdr.gso_type & !GSO_ECN;
     if !matches!(gso, GSO_TCPV4 | GSO_TCPV6 | GSO_UDP_L4) {
         return Err(GsoError::Type(hdr.gso_type));
@@ -141,7 +141,7 @@ fn layout(hdr: &VirtioNetHdr, frame: &[u8]) -> Result<Layout, GsoError> {
             limit,
         });
     }
-    Ok(Layout {
+    Ok(GsoLayout {
         l3,
         l4,
         hdrs,

@@ -1,6 +1,8 @@
 //! Per-packet work between ports: checksum actions, the learning switch, their live
 //! configuration. No vrings, no fds.
 
+#![forbid(unsafe_code)]
+
 pub mod csum_action;
 pub mod fdb;
 pub mod gso;

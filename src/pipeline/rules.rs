@@ -6,14 +6,47 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 
 use super::csum_action::{CsumAction, Dir};
-use super::router::RouteTable;
+use super::router::{NextHop, Route, RouteTable, RouterIf};
+
+/// A rule that names a port (`--csum-action port=N`, `--router-ip N=`, `--route
+/// ...,port=N`). Checked in one place against the ports there are, at start
+/// (config.rs) and for `ctl` edits (control/server.rs).
+pub trait NamesPort: std::fmt::Display {
+    fn port(&self) -> Option<usize>;
+
+    /// The port it names, if that is not one of `nports`.
+    fn missing_port(&self, nports: usize) -> Option<usize> {
+        self.port().filter(|&p| p >= nports)
+    }
+}
+
+impl NamesPort for CsumAction {
+    fn port(&self) -> Option<usize> {
+        Some(self.port)
+    }
+}
+
+impl NamesPort for RouterIf {
+    fn port(&self) -> Option<usize> {
+        Some(self.port)
+    }
+}
+
+impl NamesPort for Route {
+    fn port(&self) -> Option<usize> {
+        match self.hop {
+            NextHop::Port(p) => Some(p),
+            NextHop::Via(_) => None,
+        }
+    }
+}
 
 /// One snapshot. Workers load it per packet; nothing in it is written after publication.
 #[derive(Debug, Default, Clone)]
 pub struct Rules {
     /// Checksum actions in the order they run.
     pub actions: Vec<CsumAction>,
-    /// Router interfaces and routes (neighbours live apart: pipeline/neigh.rs).
+    /// Router interfaces and routes (neighbours live apart: pipeline/router/neigh.rs).
     pub router: RouteTable,
     /// Bumped by every published change: route caches keyed on it drop stale entries.
     generation: u64,

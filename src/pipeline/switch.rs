@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use log::trace;
 
-use super::csum_action::{self, Dir, Verdict};
+use super::csum_action::{self, ActionVerdict, Dir};
 use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
@@ -79,12 +79,12 @@ pub struct Switch {
 /// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
 fn apply(actions: &[csum_action::CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -> bool {
     match csum_action::run(actions, &mut pkt.hdr, pkt.frame) {
-        (Verdict::Untouched, _) => true,
-        (Verdict::Updated, _) => {
+        (ActionVerdict::Untouched, _) => true,
+        (ActionVerdict::Updated, _) => {
             stats.csum_updated.inc();
             true
         }
-        (Verdict::Drop, why) => {
+        (ActionVerdict::Drop, why) => {
             stats.csum_failed.inc();
             trace!("checksum action drops a frame: {why:?}");
             false
@@ -122,6 +122,11 @@ impl Switch {
     pub fn with_neigh_limit(mut self, limit: usize) -> Self {
         self.neigh = Neighbours::new(self.ports.len(), limit);
         self
+    }
+
+    /// Learned stations a port may hold (`--fdb-limit`).
+    pub fn fdb_limit(&self) -> usize {
+        self.fdb.limit()
     }
 
     /// The router's neighbours.

@@ -19,20 +19,10 @@ use crate::stats::{QueueSnapshot, QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN};
 
-// From <linux/if_tun.h>: _IOW('T', n, int).
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-const IFF_TAP: libc::c_short = 0x0002;
-const IFF_NO_PI: libc::c_short = 0x1000;
-const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
-const IFF_VNET_HDR: libc::c_short = 0x4000;
-const TUN_F_CSUM: libc::c_ulong = 0x01;
-const TUN_F_TSO4: libc::c_ulong = 0x02;
-const TUN_F_TSO6: libc::c_ulong = 0x04;
-const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
-const TUN_F_USO4: libc::c_ulong = 0x20;
-const TUN_F_USO6: libc::c_ulong = 0x40;
+// <linux/if_tun.h>'s flags are ints in libc (0.2.191); `struct ifreq` holds them in a
+// short, and all of them fit.
+const TAP_FLAGS: libc::c_short = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+const TAP_MULTI_QUEUE: libc::c_short = libc::IFF_MULTI_QUEUE as libc::c_short;
 
 const RX_BUF: usize = HDR_LEN + 65_550;
 
@@ -74,7 +64,7 @@ fn ioctl(
     f: &File,
     name: &str,
     what: &'static str,
-    req: libc::c_ulong,
+    req: libc::Ioctl,
     arg: *const libc::c_void,
 ) -> Result<(), TapError> {
     // SAFETY: `f` is an open tun fd and `arg` is what `req` expects: a pointer to a live IfReq
@@ -116,20 +106,26 @@ impl TapPort {
                 .map_err(TapError::Open)?;
             let mut req = IfReq {
                 name: [0; libc::IFNAMSIZ],
-                flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+                flags: TAP_FLAGS,
                 _pad: [0; 22],
             };
             if queues > 1 {
-                req.flags |= IFF_MULTI_QUEUE;
+                req.flags |= TAP_MULTI_QUEUE;
             }
             req.name[..name.len()].copy_from_slice(name.as_bytes());
-            ioctl(&f, name, "TUNSETIFF", TUNSETIFF, (&req as *const IfReq).cast())?;
+            ioctl(
+                &f,
+                name,
+                "TUNSETIFF",
+                libc::TUNSETIFF,
+                (&req as *const IfReq).cast(),
+            )?;
             let hdr_len: libc::c_int = HDR_LEN as libc::c_int;
             ioctl(
                 &f,
                 name,
                 "TUNSETVNETHDRSZ",
-                TUNSETVNETHDRSZ,
+                libc::TUNSETVNETHDRSZ,
                 (&hdr_len as *const libc::c_int).cast(),
             )?;
             // Offloads towards us: the kernel may hand over partial checksums and TSO/USO
@@ -137,20 +133,20 @@ impl TapPort {
             // for the others (GuestPort::send). USO needs Linux 6.2; older hosts refuse the
             // flag, and then get TSO only.
             let offload = if csum {
-                TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN
+                libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN
             } else {
                 0
             };
-            let set = |flags: libc::c_ulong| {
+            let set = |flags: libc::c_uint| {
                 ioctl(
                     &f,
                     name,
                     "TUNSETOFFLOAD",
-                    TUNSETOFFLOAD,
-                    flags as *const libc::c_void,
+                    libc::TUNSETOFFLOAD,
+                    libc::c_ulong::from(flags) as *const libc::c_void,
                 )
             };
-            if offload == 0 || set(offload | TUN_F_USO4 | TUN_F_USO6).is_err() {
+            if offload == 0 || set(offload | libc::TUN_F_USO4 | libc::TUN_F_USO6).is_err() {
                 set(offload)?;
             }
             let actual = CStr::from_bytes_until_nul(&req.name)

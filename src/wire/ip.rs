@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use thiserror::Error;
 
 use super::checksum;
-use super::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, HEADER_LEN};
+use super::ethernet::{self, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
 pub const ETHERTYPE_QINQ: u16 = 0x88a8;
@@ -29,6 +29,39 @@ const NEXT_DEST: u8 = 60;
 
 pub const IPV4_MIN: usize = 20;
 pub const IPV6_LEN: usize = 40;
+
+/// Where each IPv4 header field lies (RFC 791 3.1), named once.
+mod v4 {
+    use std::ops::Range;
+
+    pub const VER_IHL: usize = 0;
+    pub const LENGTH: Range<usize> = 2..4;
+    pub const FLG_OFF: Range<usize> = 6..8;
+    pub const TTL: usize = 8;
+    /// TTL and protocol: the 16-bit word a TTL change alters in the checksum.
+    pub const TTL_PROTO: Range<usize> = 8..10;
+    pub const PROTOCOL: usize = 9;
+    pub const CHECKSUM: Range<usize> = 10..12;
+    pub const SRC_ADDR: Range<usize> = 12..16;
+    pub const DST_ADDR: Range<usize> = 16..20;
+}
+
+/// Where each IPv6 fixed-header field lies (RFC 8200 3), named once.
+mod v6 {
+    use std::ops::Range;
+
+    pub const VERSION: usize = 0;
+    pub const LENGTH: Range<usize> = 4..6;
+    pub const NXT_HDR: usize = 6;
+    pub const HOP_LIMIT: usize = 7;
+    pub const SRC_ADDR: Range<usize> = 8..24;
+    pub const DST_ADDR: Range<usize> = 24..40;
+}
+
+fn be16(b: &[u8], f: std::ops::Range<usize>) -> u16 {
+    let w = &b[f];
+    u16::from_be_bytes([w[0], w[1]])
+}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum IpError {
@@ -56,7 +89,7 @@ fn need(what: &'static str, got: usize, need: usize) -> Result<(), IpError> {
 /// The EtherType after any 802.1Q / 802.1ad tags, and the offset of the header it names.
 /// `None` for a frame too short to hold its own tags.
 pub fn network_offset(frame: &[u8]) -> Option<(u16, usize)> {
-    let mut at = HEADER_LEN - 2;
+    let mut at = ethernet::field::ETHERTYPE.start;
     for _ in 0..3 {
         let ty = u16::from_be_bytes([*frame.get(at)?, *frame.get(at + 1)?]);
         if ty != ETHERTYPE_VLAN && ty != ETHERTYPE_QINQ {
@@ -78,10 +111,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub fn new_checked(buf: T) -> Result<Self, IpError> {
         let b = buf.as_ref();
         need("IPv4 header", b.len(), IPV4_MIN)?;
-        if b[0] >> 4 != 4 {
-            return Err(IpError::Version(b[0] >> 4));
+        if b[v4::VER_IHL] >> 4 != 4 {
+            return Err(IpError::Version(b[v4::VER_IHL] >> 4));
         }
-        let ihl = b[0] & 0x0f;
+        let ihl = b[v4::VER_IHL] & 0x0f;
         if ihl < 5 {
             return Err(IpError::ShortIhl(ihl));
         }
@@ -90,47 +123,47 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     pub fn header_len(&self) -> usize {
-        usize::from(self.buf.as_ref()[0] & 0x0f) * 4
+        usize::from(self.buf.as_ref()[v4::VER_IHL] & 0x0f) * 4
     }
 
     pub fn total_len(&self) -> usize {
-        let b = self.buf.as_ref();
-        usize::from(u16::from_be_bytes([b[2], b[3]]))
+        usize::from(be16(self.buf.as_ref(), v4::LENGTH))
     }
 
     /// The fragment offset is non-zero: no upper-layer header in this packet.
     pub fn is_later_fragment(&self) -> bool {
-        let b = self.buf.as_ref();
-        u16::from_be_bytes([b[6], b[7]]) & 0x1fff != 0
+        be16(self.buf.as_ref(), v4::FLG_OFF) & 0x1fff != 0
     }
 
     pub fn ttl(&self) -> u8 {
-        self.buf.as_ref()[8]
+        self.buf.as_ref()[v4::TTL]
     }
 
     pub fn protocol(&self) -> u8 {
-        self.buf.as_ref()[9]
+        self.buf.as_ref()[v4::PROTOCOL]
     }
 
     pub fn checksum(&self) -> u16 {
-        let b = self.buf.as_ref();
-        u16::from_be_bytes([b[10], b[11]])
+        be16(self.buf.as_ref(), v4::CHECKSUM)
+    }
+
+    fn addr(&self, f: std::ops::Range<usize>) -> Ipv4Addr {
+        let b = &self.buf.as_ref()[f];
+        Ipv4Addr::new(b[0], b[1], b[2], b[3])
     }
 
     pub fn src(&self) -> Ipv4Addr {
-        let b = self.buf.as_ref();
-        Ipv4Addr::new(b[12], b[13], b[14], b[15])
+        self.addr(v4::SRC_ADDR)
     }
 
     pub fn dst(&self) -> Ipv4Addr {
-        let b = self.buf.as_ref();
-        Ipv4Addr::new(b[16], b[17], b[18], b[19])
+        self.addr(v4::DST_ADDR)
     }
 
     /// Pseudo-header sum for an upper-layer length `len` (RFC 793/768), not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[12..16], &b[16..20], proto, len)
+        checksum::pseudo_sum(&b[v4::SRC_ADDR], &b[v4::DST_ADDR], proto, len)
     }
 }
 
@@ -138,18 +171,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     /// Recomputes the header checksum over IHL words.
     pub fn fill_checksum(&mut self) {
         let hl = self.header_len();
-        checksum::write_checksum(self.buf.as_mut(), 10, hl, 0, false);
+        checksum::write_checksum(self.buf.as_mut(), v4::CHECKSUM.start, hl, 0, false);
     }
 
     /// Decrements the TTL and patches the header checksum incrementally (RFC 1624, eqn. 3):
     /// the 16-bit word holding TTL and protocol is the only one that changes.
     pub fn decrement_ttl(&mut self) {
         let b = self.buf.as_mut();
-        let old = u16::from_be_bytes([b[8], b[9]]);
-        b[8] = b[8].wrapping_sub(1);
-        let new = u16::from_be_bytes([b[8], b[9]]);
-        let c = checksum::update16(u16::from_be_bytes([b[10], b[11]]), old, new);
-        b[10..12].copy_from_slice(&c.to_be_bytes());
+        let old = be16(b, v4::TTL_PROTO);
+        b[v4::TTL] = b[v4::TTL].wrapping_sub(1);
+        let new = be16(b, v4::TTL_PROTO);
+        let c = checksum::update16(be16(b, v4::CHECKSUM), old, new);
+        b[v4::CHECKSUM].copy_from_slice(&c.to_be_bytes());
     }
 }
 
@@ -177,41 +210,42 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     pub fn new_checked(buf: T) -> Result<Self, IpError> {
         let b = buf.as_ref();
         need("IPv6 header", b.len(), IPV6_LEN)?;
-        if b[0] >> 4 != 6 {
-            return Err(IpError::Version(b[0] >> 4));
+        if b[v6::VERSION] >> 4 != 6 {
+            return Err(IpError::Version(b[v6::VERSION] >> 4));
         }
         Ok(Ipv6Packet { buf })
     }
 
     pub fn payload_len(&self) -> usize {
-        let b = self.buf.as_ref();
-        usize::from(u16::from_be_bytes([b[4], b[5]]))
+        usize::from(be16(self.buf.as_ref(), v6::LENGTH))
     }
 
     pub fn next_header(&self) -> u8 {
-        self.buf.as_ref()[6]
+        self.buf.as_ref()[v6::NXT_HDR]
     }
 
     pub fn hop_limit(&self) -> u8 {
-        self.buf.as_ref()[7]
+        self.buf.as_ref()[v6::HOP_LIMIT]
+    }
+
+    fn addr(&self, f: std::ops::Range<usize>) -> Ipv6Addr {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&self.buf.as_ref()[f]);
+        Ipv6Addr::from(a)
     }
 
     pub fn src(&self) -> Ipv6Addr {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&self.buf.as_ref()[8..24]);
-        Ipv6Addr::from(a)
+        self.addr(v6::SRC_ADDR)
     }
 
     pub fn dst(&self) -> Ipv6Addr {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&self.buf.as_ref()[24..40]);
-        Ipv6Addr::from(a)
+        self.addr(v6::DST_ADDR)
     }
 
     /// Pseudo-header sum (RFC 8200 8.1) for an upper-layer length `len`, not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[8..24], &b[24..40], proto, len)
+        checksum::pseudo_sum(&b[v6::SRC_ADDR], &b[v6::DST_ADDR], proto, len)
     }
 
     /// Walks hop-by-hop, routing and destination-options headers to the upper layer. A
@@ -253,7 +287,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     pub fn decrement_hop_limit(&mut self) {
         let b = self.buf.as_mut();
-        b[7] = b[7].wrapping_sub(1);
+        b[v6::HOP_LIMIT] = b[v6::HOP_LIMIT].wrapping_sub(1);
     }
 }
 

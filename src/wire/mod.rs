@@ -3,6 +3,8 @@
 //! Untrusted bytes enter only through `new_checked` constructors, which validate lengths
 //! once so that the accessors can index without further checks.
 
+#![forbid(unsafe_code)]
+
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;

@@ -27,7 +27,7 @@ const ERROR_MAX_IP: usize = 1280;
 
 /// A neighbour solicitation or advertisement, parsed from an ICMPv6 message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Neighbour {
+pub struct NeighbourMessage {
     pub kind: u8,
     pub target: Ipv6Addr,
     /// The source (NS) or target (NA) link-layer address option, if present.
@@ -36,7 +36,7 @@ pub struct Neighbour {
 
 /// Parses an NS or NA (`icmp` is the ICMPv6 message, checksum already verified by the
 /// caller or not needed). RFC 4861 7.1.1: hop limit 255 and code 0, else ignored.
-pub fn parse_neighbour(hop_limit: u8, icmp: &[u8]) -> Option<Neighbour> {
+pub fn parse_neighbour(hop_limit: u8, icmp: &[u8]) -> Option<NeighbourMessage> {
     let kind = *icmp.first()?;
     if !matches!(kind, NEIGHBOR_SOLICIT | NEIGHBOR_ADVERT) || hop_limit != 255 || icmp.get(1) != Some(&0) {
         return None;
@@ -59,7 +59,7 @@ pub fn parse_neighbour(hop_limit: u8, icmp: &[u8]) -> Option<Neighbour> {
         }
         opts = &opts[len..];
     }
-    Some(Neighbour {
+    Some(NeighbourMessage {
         kind,
         target: Ipv6Addr::from(target),
         lla,

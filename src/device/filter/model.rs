@@ -26,7 +26,7 @@ pub const UNICAST_EXACT: usize = 7;
 pub const DEFAULT_EXACT_LIMIT: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct ListEntry {
     /// Occurrences in the driver's current list.
     count: u32,
     in_table: bool,
@@ -74,7 +74,7 @@ pub struct FilterStats {
 
 /// `ctl filter`'s view of the hardware side.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FilterView {
+pub struct FilterSnapshot {
     pub layout: Layout,
     pub exact_limit: usize,
     /// Multicast beyond what the layout keeps: the port behaves as allmulti.
@@ -90,14 +90,13 @@ pub struct FilterView {
 }
 
 pub struct Filter {
+    /// The registers and the layout they model, with what the model knows of them.
     hw: Hw,
-    regs: Arc<FilterRegs>,
-    layout: Layout,
     exact_limit: usize,
     station: MacAddr,
     mode: RxMode,
-    uc: HashMap<MacAddr, Entry>,
-    mc: HashMap<MacAddr, Entry>,
+    uc: HashMap<MacAddr, ListEntry>,
+    mc: HashMap<MacAddr, ListEntry>,
     /// The lists as the driver last sent them, to diff the next ones against.
     prev_uc: Vec<MacAddr>,
     prev_mc: Vec<MacAddr>,
@@ -118,8 +117,6 @@ impl Filter {
                 refused: 0,
                 missing: [0; 2],
             },
-            regs,
-            layout,
             exact_limit,
             station,
             mode: RxMode::default(),
@@ -132,7 +129,7 @@ impl Filter {
     }
 
     pub fn regs(&self) -> &Arc<FilterRegs> {
-        &self.regs
+        &self.hw.regs
     }
 
     pub fn stats(&self) -> FilterStats {
@@ -142,7 +139,7 @@ impl Filter {
     /// Back to the state after reset, keeping the counters.
     pub fn reset(&mut self, station: MacAddr) {
         let stats = self.stats;
-        *self = Filter::new(self.regs.clone(), self.exact_limit, station);
+        *self = Filter::new(self.hw.regs.clone(), self.exact_limit, station);
         self.stats = stats;
     }
 
@@ -153,12 +150,12 @@ impl Filter {
 
     pub fn set_station(&mut self, mac: MacAddr) {
         self.station = mac;
-        self.regs.set_station(mac);
+        self.hw.regs.set_station(mac);
     }
 
     fn publish_flags(&self) {
         let mut f = mode_flags(&self.mode);
-        let mc_fits = match self.layout {
+        let mc_fits = match self.hw.layout {
             Layout::Exact => {
                 self.mc.len() <= self.exact_limit && self.hw.missing[List::Multicast as usize] == 0
             }
@@ -167,12 +164,12 @@ impl Filter {
         if !mc_fits {
             f |= F_MC_OVERFLOW;
         }
-        if self.layout != Layout::Dtsec
+        if self.hw.layout != Layout::Dtsec
             && (self.uc.len() > UNICAST_EXACT || self.hw.missing[List::Unicast as usize] > 0)
         {
             f |= F_UC_OVERFLOW;
         }
-        self.regs.set_flags(f);
+        self.hw.regs.set_flags(f);
     }
 
     /// Brings the filter to the guest's full lists (one MAC_TABLE_SET).
@@ -200,28 +197,28 @@ impl Filter {
         self.stats.filter_adds += report.adds;
         self.stats.filter_removes += report.removes;
         self.stats.table_refused += self.hw.refused - refused;
-        self.regs.publish_stats(&self.stats);
+        self.hw.regs.publish_stats(&self.stats);
         report
     }
 
     /// O(buckets + unicast entries): the control path builds it only when a table set
     /// changed the lists, since nothing else changes it.
-    pub fn view(&self) -> FilterView {
-        let f = self.regs.flags();
+    pub fn view(&self) -> FilterSnapshot {
+        let f = self.hw.regs.flags();
         let mut exact_unicast: Vec<MacAddr> =
-            if hash::bucket(self.layout, &MacAddr([2, 0, 0, 0, 0, 0])).is_none() {
+            if hash::bucket(self.hw.layout, &MacAddr([2, 0, 0, 0, 0, 0])).is_none() {
                 self.uc.keys().copied().collect()
             } else {
                 Vec::new()
             };
         exact_unicast.sort();
-        FilterView {
-            layout: self.layout,
+        FilterSnapshot {
+            layout: self.hw.layout,
             exact_limit: self.exact_limit,
             mc_overflow: f & F_MC_OVERFLOW != 0,
             uc_overflow: f & F_UC_OVERFLOW != 0,
-            buckets_total: hash::bucket_count(self.layout),
-            buckets: self.hw.refs[..hash::bucket_count(self.layout)]
+            buckets_total: hash::bucket_count(self.hw.layout),
+            buckets: self.hw.refs[..hash::bucket_count(self.hw.layout)]
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| **r > 0)
@@ -242,7 +239,7 @@ impl Filter {
 fn sync_list(
     hw: &mut Hw,
     list: List,
-    map: &mut HashMap<MacAddr, Entry>,
+    map: &mut HashMap<MacAddr, ListEntry>,
     prev: &mut Vec<MacAddr>,
     next: &[MacAddr],
     report: &mut SyncReport,
@@ -253,7 +250,7 @@ fn sync_list(
     let came = &next[prefix..next.len() - suffix];
     // Count arrivals before departures, so an address that only moved never drops to zero.
     for mac in came {
-        let e = map.entry(*mac).or_insert(Entry {
+        let e = map.entry(*mac).or_insert(ListEntry {
             count: 0,
             in_table: false,
         });

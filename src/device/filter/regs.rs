@@ -28,8 +28,8 @@ pub const TABLE_SLOTS: usize = 1 << 16;
 /// Most addresses the exact table holds.
 pub const TABLE_MAX: usize = TABLE_SLOTS / 2;
 /// Farthest an entry may sit from its home slot. At a load of at most one half a random key
-/// set almost never comes near it (the longest displacement over 32 768 random keys is
-/// about 20; `an_adversarial_key_set_costs_what_a_random_one_does` measures it); an insert
+/// set almost never comes near it (`an_adversarial_key_set_costs_what_a_random_one_does`
+/// measures the longest displacement; docs/benchmarks.md, "Hostile guests"); an insert
 /// that would go past it is refused, and the model then treats the address as one the
 /// table could not take (accept-all for the exact layout, as when the table is full).
 pub const MAX_PROBE: usize = 64;

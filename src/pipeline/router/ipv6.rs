@@ -82,7 +82,7 @@ fn neighbour(
     port: usize,
     to_router: bool,
     pkt: &V6,
-    n: &ndp::Neighbour,
+    n: &ndp::NeighbourMessage,
     cache: &mut RouteCache,
 ) -> Outcome {
     let src = pkt.src;

@@ -87,6 +87,11 @@ impl Neighbours {
         }
     }
 
+    /// Neighbours a port may hold (`--neigh-limit`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     fn now(&self) -> u32 {
         u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
     }

@@ -5,7 +5,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use super::queue::{
 };
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
-use crate::device::ctrl::{Command, CtrlOutcome, ACK_ERR, ACK_OK};
+use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
@@ -56,7 +56,6 @@ const CTRL_BUDGET: usize = 64;
 struct Session {
     port: Arc<GuestPort>,
     mem: Mem,
-    acked: AtomicU64,
     /// One eventfd per worker thread, fired once at start so each thread reports its vrings.
     attach: Vec<EventFd>,
     /// One eventfd per worker thread, fired when it stopped at its budget with work left.
@@ -71,8 +70,8 @@ struct Session {
     /// Set with `ctrl_open`: the control thread must look at its ring (kicks that came
     /// while it was closed were swallowed).
     ctrl_resume: AtomicBool,
-    /// Per worker thread: only that thread locks its own buffer.
-    scratch: Vec<Mutex<Worker>>,
+    /// What each worker thread owns, by thread index: only that thread locks its own.
+    workers: Vec<Mutex<Worker>>,
     /// Queues the driver broke; also in the published RX path.
     broken: Arc<BrokenRings>,
     /// The reading ends of the worker threads' exit events. vhost-user-backend 0.24 takes
@@ -163,7 +162,7 @@ impl VnicBackend {
                 .collect::<io::Result<Vec<_>>>()
         };
         let (attach, again) = (events()?, events()?);
-        let scratch = (0..threads)
+        let workers = (0..threads)
             .map(|_| {
                 Mutex::new(Worker {
                     buf: Vec::new(),
@@ -179,14 +178,13 @@ impl VnicBackend {
         Ok(VnicBackend(Arc::new(Session {
             port,
             mem,
-            acked: AtomicU64::new(0),
             attach,
             again,
             captured: Mutex::new(vec![None; queues]),
             ctrl_open: AtomicBool::new(true),
             ctrl_early: AtomicU16::new(0),
             ctrl_resume: AtomicBool::new(false),
-            scratch,
+            workers,
             broken: Arc::default(),
             exit_fds: Mutex::new(Vec::new()),
             frontend,
@@ -229,10 +227,9 @@ impl VnicBackend {
         usize::from(self.0.port.queue_pairs)
     }
 
+    /// The port holds the features: one frontend at a time is served per port.
     fn negotiated(&self) -> Negotiated {
-        Negotiated {
-            bits: self.0.acked.load(Ordering::Relaxed),
-        }
+        self.0.port.negotiated()
     }
 
     fn role(&self, global: usize) -> Role {
@@ -353,7 +350,7 @@ impl VnicBackend {
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
         let mem = self.0.mem.memory();
-        let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
         let Worker {
             buf, routes, tally, ..
         } = &mut *worker;
@@ -500,7 +497,7 @@ impl VnicBackend {
     fn ctrl_burst(&self, vring: &Vring, thread: usize, kicked: bool) -> Result<Burst, RingError> {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
-        let mut worker = self.0.scratch[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
         let Worker {
             buf,
             next_ctrl,
@@ -659,7 +656,8 @@ impl VnicBackend {
         let mut nic = port.lock_ctrl();
         // A table set is answered as soon as it is checked and applied after the used entry:
         // the tables are already in `buf`, and the guest spins until it sees the answer,
-        // while the copy and the sync are O(N) in its list (about 2 us at 10 000 groups).
+        // while the copy and the sync are O(N) in its list (docs/benchmarks.md, "Filter sync
+        // against table size").
         let mut later = None;
         // What applying leaves outside the control state: the log line, and the offloads the
         // RX path reads. One place for commands applied before their answer and after it.
@@ -683,7 +681,7 @@ impl VnicBackend {
                 (ACK_ERR, c.ack)
             }
             Ok(c) => match port.contain("a control command", || nic.parse(feat, &buf[..c.len])) {
-                Some(Ok(table @ Command::MacTable { .. })) => {
+                Some(Ok(table)) if table.is_table_set() => {
                     later = Some(table);
                     (ACK_OK, c.ack)
                 }
@@ -764,7 +762,6 @@ impl VhostUserBackend for VnicBackend {
     }
 
     fn acked_features(&self, features: u64) {
-        self.0.acked.store(features, Ordering::Relaxed);
         self.0.port.set_acked(features);
         debug!("port {}: features acked {features:#x}", self.0.port.id);
     }

@@ -5,10 +5,10 @@
 //! the daemon has read a table, its core holds copies of those lines, and each line the
 //! guest writes next must first be taken back from that other core. CLFLUSH writes each line
 //! back and drops it from every cache, so the guest's next writes find it in memory instead.
-//! Measured with 2000 and 10 000 joins from a 6.1 guest (docs/benchmarks.md), flushing the
-//! tables once the command is returned made the guest's joins 4-9 % faster; flushing the
-//! small lines the guest reads straight away (ack, used ring) or rewrites (descriptors) did
-//! not help. A flush never changes what memory holds: this is a performance hint only.
+//! Only the tables are flushed, once the command is returned: flushing the small lines the
+//! guest reads straight away (ack, used ring) or rewrites (descriptors) did not help
+//! (docs/benchmarks.md, "Closing in on the in-process answer"). A flush never changes what
+//! memory holds: this is a performance hint only.
 
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
@@ -57,8 +57,8 @@ impl EvictList {
 /// The lines the next control command will most likely be read from. Linux takes the same
 /// head descriptor and the same control buffer (header and ack share a struct) for every
 /// command, and allocates its indirect descriptor table from a slab that hands the last one
-/// back (the same address for 83 % of the commands of a join storm, all of them when
-/// nothing else allocates in between), so these are the lines of the last command. Popping
+/// back (most often the same address in a join storm, always when nothing else allocates
+/// in between), so these are the lines of the last command. Popping
 /// a command reads them one after another, each behind the read before it (the avail entry
 /// names the descriptor, the descriptor the indirect table, the table the buffer), and each
 /// is a line the guest has just written on its own core. Prefetched together as soon as the

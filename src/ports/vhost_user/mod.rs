@@ -30,7 +30,7 @@ use self::queue::{push_rx, wants_interrupt, BrokenRings, ChainError, RingError, 
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
-use crate::device::features::Negotiated;
+use crate::device::features::{Attachment, Negotiated};
 use crate::device::filter::{FilterRegs, Layout, Verdict};
 use crate::device::nic::NicView;
 use crate::device::rss::{Steered, SteeringCell};
@@ -224,7 +224,7 @@ impl GuestPort {
     /// TX path hook: a frame the guest sent that may be a membership report. Only the net
     /// attachment snoops; in the device attachment the control queue is authoritative.
     pub fn snoop_frame(&self, frame: &[u8]) {
-        if !self.snooping || !maybe_report(frame) || self.attachment() != Some("net") {
+        if !self.snooping || !maybe_report(frame) || self.attachment() != Some(Attachment::Net) {
             return;
         }
         match mcast_report::parse(frame) {
@@ -247,20 +247,8 @@ impl GuestPort {
     }
 
     /// The attachment the current driver uses, as far as its features tell.
-    pub fn attachment(&self) -> Option<&'static str> {
-        if !self.connected() {
-            return None;
-        }
-        let f = Negotiated {
-            bits: self.acked.load(Ordering::Relaxed),
-        };
-        if f.bits == 0 {
-            Some("negotiating")
-        } else if f.ctrl_vq() {
-            Some("device")
-        } else {
-            Some("net")
-        }
+    pub fn attachment(&self) -> Option<Attachment> {
+        self.connected().then(|| self.negotiated().attachment())
     }
 
     /// The features the current driver acked (none while disconnected).
@@ -417,7 +405,7 @@ impl GuestPort {
     /// whose answers (reports of everything it holds), due within `respond`, refresh the
     /// snooped groups. Returns which of the two reached the guest's receive ring.
     pub fn send_queries(&self, respond: std::time::Duration) -> (bool, bool) {
-        if !self.snooping || self.attachment() != Some("net") {
+        if !self.snooping || self.attachment() != Some(Attachment::Net) {
             return (false, false);
         }
         let (igmp_ds, mld_ms) = mcast_report::max_resp_codes(respond);
@@ -451,7 +439,7 @@ impl GuestPort {
             due = s.audit_due(now);
             changed
         });
-        if !due || self.attachment() != Some("net") {
+        if !due || self.attachment() != Some(Attachment::Net) {
             return;
         }
         let (v4, v6) = self.send_queries(snoop::AUDIT_RESPONSE);
@@ -504,9 +492,7 @@ impl GuestPort {
     }
 
     fn publish(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
-        let feat = Negotiated {
-            bits: self.acked.load(Ordering::Relaxed),
-        };
+        let feat = self.negotiated();
         self.rx.store(Some(Arc::new(RxPath {
             vrings,
             mem,

@@ -1,0 +1,225 @@
+//! The daemon's lifecycle: [`start`] builds the switch and every port from a [`Config`],
+//! binds their sockets, opens the tap, and starts the control socket, the metrics endpoint,
+//! the QMP followers and the snoop clock; the [`Running`] it returns removes the sockets it
+//! created when dropped, on a start that fails halfway as on a clean exit.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use log::info;
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::control::metrics::{self, MetricsError};
+use crate::control::server::ControlError;
+use crate::control::view::PortRef;
+use crate::control::{qmp, ControlServer, Daemon};
+use crate::device::NetConfig;
+use crate::pipeline::router::RouteTable;
+use crate::pipeline::rules::Rules;
+use crate::pipeline::Switch;
+use crate::ports::tap::{TapError, TapPort};
+use crate::ports::vhost_user::{FilterConfig, GuestPort, VhostPortError};
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("guest port {port}")]
+    Port {
+        port: usize,
+        #[source]
+        source: VhostPortError,
+    },
+    #[error("tap port")]
+    Tap(#[source] TapError),
+    #[error("control socket")]
+    Control(#[source] ControlError),
+    #[error("metrics endpoint")]
+    Metrics(#[source] MetricsError),
+    #[error("starting the {what} thread")]
+    Spawn {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A started daemon. Its threads serve until the process ends; dropping it removes the
+/// sockets this process bound (never another daemon's: binding refuses a live socket).
+pub struct Running {
+    daemon: Arc<Daemon>,
+    owned: Vec<PathBuf>,
+}
+
+impl Running {
+    /// What the control socket and the metrics endpoint see: the ports and the switch.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        &self.daemon
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for p in &self.owned {
+            // Gone already (removed by hand) is fine; nothing else is worth reporting on exit.
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn spawn(what: impl Into<String>, r: io::Result<()>) -> Result<(), StartError> {
+    r.map_err(|source| StartError::Spawn {
+        what: what.into(),
+        source,
+    })
+}
+
+/// Starts everything `cfg` asks for. On an error, what was bound so far is removed.
+pub fn start(cfg: &Config) -> Result<Running, StartError> {
+    let mut running = Running {
+        daemon: Arc::new(Daemon {
+            ports: Vec::new(),
+            switch: Arc::new(switch(cfg)),
+            refused: Default::default(),
+        }),
+        owned: Vec::new(),
+    };
+    let switch = running.daemon.switch.clone();
+    let mut ports = Vec::new();
+    let mut guests = Vec::new();
+    let mut listeners = Vec::new();
+    for (id, g) in cfg.guests.iter().enumerate() {
+        let port = Arc::new(guest_port(cfg, id, g.mac, g.socket.clone(), switch.clone()));
+        let listener = port
+            .bind(cfg.socket_access)
+            .map_err(|source| StartError::Port { port: id, source })?;
+        running.owned.push(g.socket.clone());
+        switch.attach(id, port.clone());
+        ports.push(PortRef::Guest(port.clone()));
+        guests.push(port.clone());
+        listeners.push((port, listener));
+    }
+    if let Some(name) = &cfg.tap {
+        let id = cfg.guests.len();
+        let tap = Arc::new(
+            TapPort::open(
+                id,
+                name,
+                usize::from(cfg.queue_pairs),
+                cfg.tap_csum,
+                switch.clone(),
+            )
+            .map_err(StartError::Tap)?,
+        );
+        switch.attach(id, tap.clone());
+        tap.start().map_err(StartError::Tap)?;
+        ports.push(PortRef::Tap(tap));
+    }
+    running.daemon = Arc::new(Daemon {
+        ports,
+        switch: switch.clone(),
+        refused: Default::default(),
+    });
+    let daemon = running.daemon.clone();
+    if let Some(path) = &cfg.control {
+        ControlServer::new(daemon.clone())
+            .start(path, cfg.socket_access)
+            .map_err(StartError::Control)?;
+        running.owned.push(path.clone());
+    }
+    if let Some(addr) = cfg.metrics {
+        metrics::serve(addr, daemon.clone()).map_err(StartError::Metrics)?;
+    }
+    for (port, listener) in listeners {
+        let id = port.id;
+        let r = thread::Builder::new()
+            .name(format!("vnic-port{id}"))
+            .spawn(move || port.serve(listener));
+        spawn(format!("port {id}"), r.map(drop))?;
+    }
+    for spec in &cfg.qmp {
+        if let Some(port) = guests.iter().find(|g| g.id == spec.port) {
+            spawn("QMP follower", qmp::spawn(spec.clone(), port.clone()))?;
+        }
+    }
+    if let Some(timeout) = cfg.snoop {
+        spawn("snoop timer", spawn_snoop_clock(guests, timeout))?;
+    }
+    info!(
+        "dpaa-vnic serving {} guest port(s){} with {} queue pair(s)",
+        cfg.guests.len(),
+        cfg.tap
+            .as_deref()
+            .map(|t| format!(" and tap {t}"))
+            .unwrap_or_default(),
+        cfg.queue_pairs
+    );
+    Ok(running)
+}
+
+/// The switch with the rules, queues and limits `cfg` sets.
+fn switch(cfg: &Config) -> Switch {
+    let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
+    let table = RouteTable::new(cfg.router_ips.clone(), cfg.routes.clone());
+    Switch::with_queues(
+        Rules::with_router(nports, cfg.csum_actions.clone(), table),
+        usize::from(cfg.queue_pairs),
+    )
+    .with_fdb_limit(cfg.fdb_limit)
+    .with_neigh_limit(cfg.neigh_limit)
+}
+
+fn guest_port(
+    cfg: &Config,
+    id: usize,
+    mac: crate::wire::MacAddr,
+    socket: PathBuf,
+    switch: Arc<Switch>,
+) -> GuestPort {
+    let net = NetConfig {
+        mac,
+        link_up: true,
+        max_queue_pairs: cfg.queue_pairs,
+        mtu: cfg.mtu,
+    };
+    let filter = FilterConfig {
+        layout: cfg.filter,
+        exact_limit: cfg.exact_limit,
+        snoop: cfg.snoop,
+        snoop_max_groups: cfg.snoop_max_groups,
+    };
+    GuestPort::new(id, socket, cfg.queue_pairs, net, filter, cfg.ctrl, switch).with_mac_lock(cfg.mac_lock)
+}
+
+/// The snooper's clock (`--snoop`): audits of each guest's state after its reports go
+/// quiet (device/snoop.rs), and with `--snoop-timeout` the expiry of unrefreshed groups and
+/// the periodic general queries that refresh them.
+fn spawn_snoop_clock(guests: Vec<Arc<GuestPort>>, timeout: Option<Duration>) -> io::Result<()> {
+    // Queries every third of the timeout make the guests report what they hold before it
+    // runs out. Linux answers an MLD general query after a random delay up to the query's
+    // Max Resp, and a new query draws that delay again (IGMP keeps the earlier one). With a
+    // window as long as the interval, a late draw is pushed past the next query, and a few
+    // in a row let every group expire at once: half the interval leaves room.
+    let every = timeout.map(|t| (t / 3).max(Duration::from_secs(1)));
+    thread::Builder::new()
+        .name("vnic-snoop-timer".into())
+        .spawn(move || {
+            let mut next_query = Instant::now();
+            loop {
+                thread::sleep(Duration::from_millis(250));
+                let now = Instant::now();
+                for g in &guests {
+                    g.snoop_tick(now);
+                }
+                if let Some(every) = every.filter(|_| now >= next_query) {
+                    for g in &guests {
+                        g.send_queries(every / 2);
+                    }
+                    next_query = now + every;
+                }
+            }
+        })
+        .map(drop)
+}
