@@ -5,30 +5,23 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
 
-use log::{debug, info, trace, warn};
+use log::{debug, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
-use virtio_queue::QueueT;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion,
-};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use self::ctrl_queue::CtrlGate;
 use super::evict::NextLines;
-use super::placement::{CpuSet, CtrlCpu, Seen};
+use super::placement::{CpuSet, CtrlCpu};
 use super::proxy::{ProxyError, RelayWatch};
-use super::queue::{
-    add_used, indirect_table, pop_ctrl, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError,
-};
+use super::queue::{add_used, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError};
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
-use crate::device::ctrl::{CtrlOutcome, ACK_ERR, ACK_OK};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
@@ -40,8 +33,6 @@ use crate::wire::VirtioNetHdr;
 /// Largest frame (header included) a guest may transmit: a 64 KiB TSO frame (IP total
 /// length 65535) behind Ethernet and two VLAN tags, with the 20-byte hash header.
 const TX_BUF: usize = 20 + 14 + 8 + 65_535;
-/// Largest control command we read: 64 Ki multicast entries fit with room to spare.
-const CTRL_MAX: usize = 1 << 20;
 const QUEUE_SIZE: usize = 1024;
 /// TX chains a worker serves per wake-up before it goes back to its event loop (and so
 /// notices a disconnect) and comes round again: Linux vhost-net's VHOST_NET_PKT_WEIGHT.
@@ -50,8 +41,7 @@ const TX_BUDGET: usize = 256;
 /// MAX_SKB_FRAGS + 2 (19 by default) descriptors, so 256 such chains fit; chains of up to
 /// MAX_FRAME_DESCS zero-length descriptors do not buy a guest more than this per wake.
 const TX_WALK_BUDGET: usize = 8192;
-/// Control commands served per wake-up, likewise (each may be a table of 64 Ki entries).
-const CTRL_BUDGET: usize = 64;
+mod ctrl_queue;
 
 struct Session {
     port: Arc<GuestPort>,
@@ -62,14 +52,8 @@ struct Session {
     again: Vec<EventFd>,
     /// Every vring by queue index, as the worker threads reported them.
     captured: Mutex<Vec<Option<Vring>>>,
-    /// False while the frontend enables the control ring and waits: the control thread
-    /// serves nothing until the commands posted before DRIVER_OK are known.
-    ctrl_open: AtomicBool,
-    /// Commands at the head of the control ring that were posted before DRIVER_OK.
-    ctrl_early: AtomicU16,
-    /// Set with `ctrl_open`: the control thread must look at its ring (kicks that came
-    /// while it was closed were swallowed).
-    ctrl_resume: AtomicBool,
+    /// The control queue's gate (ctrl_queue.rs).
+    ctrl_gate: CtrlGate,
     /// What each worker thread owns, by thread index: only that thread locks its own.
     workers: Vec<Mutex<Worker>>,
     /// Queues the driver broke; also in the published RX path.
@@ -181,9 +165,7 @@ impl VnicBackend {
             attach,
             again,
             captured: Mutex::new(vec![None; queues]),
-            ctrl_open: AtomicBool::new(true),
-            ctrl_early: AtomicU16::new(0),
-            ctrl_resume: AtomicBool::new(false),
+            ctrl_gate: CtrlGate::default(),
             workers,
             broken: Arc::default(),
             exit_fds: Mutex::new(Vec::new()),
@@ -282,42 +264,6 @@ impl VnicBackend {
                 self.0.port.id,
                 self.pairs()
             );
-        }
-    }
-
-    /// After the control ring was (re)started: serves what it holds, on its own thread.
-    fn resume_ctrl(&self, thread: usize, vrings: &[Vring]) -> io::Result<()> {
-        let feat = self.negotiated();
-        if !feat.ctrl_vq() {
-            return Ok(());
-        }
-        let (owner, local) = self.owner(feat.ctrl_queue_index(self.0.port.queue_pairs));
-        if owner != thread || !self.0.ctrl_resume.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        match vrings.get(local) {
-            Some(v) => self.process_ctrl(v, thread, true),
-            None => Ok(()),
-        }
-    }
-
-    /// For a control ring a driver starts from index 0 (a new driver, or one that reset the
-    /// device): how many commands it holds that were posted before DRIVER_OK. `None` for a
-    /// ring started past index 0: a restart (a backend reconnect: QEMU hands back where the
-    /// driver is), where what the ring holds came while the driver was running. Called
-    /// while the frontend waits on the ring's enable, so the driver is stopped in its
-    /// DRIVER_OK write and cannot add more.
-    fn fresh_start(&self, vring: &Vring) -> Option<u16> {
-        let mem = self.0.mem.memory();
-        let st = vring.get_ref();
-        let q = st.get_queue();
-        if !q.ready() || q.next_avail() != 0 {
-            return None;
-        }
-        match q.avail_idx(&*mem, Ordering::Acquire) {
-            // More than a ring's worth is a corrupt index, which popping refuses by itself.
-            Ok(idx) => Some(idx.0.min(q.size())),
-            Err(_) => Some(0),
         }
     }
 
@@ -467,6 +413,13 @@ impl VnicBackend {
         Ok(burst)
     }
 
+    /// Whether the driver wants an interrupt for what was just returned.
+    fn wants_interrupt(&self, vring: &Vring) -> Result<bool, RingError> {
+        let mem = self.0.mem.memory();
+        let mut st = vring.get_mut();
+        wants_interrupt(st.get_queue_mut(), &*mem)
+    }
+
     /// Interrupts the driver. The call eventfd is non-blocking (memcheck.rs): a frontend that
     /// let its counter fill only loses the interrupt.
     fn signal(&self, vring: &Vring) {
@@ -476,272 +429,6 @@ impl VnicBackend {
                 warn!("port {}: signalling the driver: {e}", port.id);
             }
         }
-    }
-
-    /// Serves the control queue: up to [`CTRL_BUDGET`] commands, then again later if more
-    /// wait. A queue the driver broke is marked and left alone. `kicked`: the thread was
-    /// woken for it, not back after its budget.
-    fn process_ctrl(&self, vring: &Vring, thread: usize, kicked: bool) -> io::Result<()> {
-        if !self.0.ctrl_open.load(Ordering::Acquire) {
-            // The kick is gone; `enabled` sends this thread back here.
-            return Ok(());
-        }
-        let index = self.negotiated().ctrl_queue_index(self.0.port.queue_pairs);
-        if self.0.broken.is(index) {
-            return Ok(());
-        }
-        let burst = self.ctrl_burst(vring, thread, kicked);
-        self.after_burst(thread, index, burst)
-    }
-
-    fn ctrl_burst(&self, vring: &Vring, thread: usize, kicked: bool) -> Result<Burst, RingError> {
-        let feat = self.negotiated();
-        let mem = self.0.mem.memory();
-        let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
-        let Worker {
-            buf,
-            next_ctrl,
-            ctrl_cpu,
-            ctrl_asleep,
-            ..
-        } = &mut *worker;
-        let window = self.0.port.ctrl_tuning.poll;
-        let mut woken = kicked && std::mem::take(ctrl_asleep);
-        // Back after its budget, the thread is in the middle of a burst of commands: it polls
-        // for the next one as it would have without the break, even if none is there yet.
-        let mut resumed = !kicked;
-        let mut served_total = 0usize;
-        loop {
-            vring.disable_notification().map_err(RingError)?;
-            let mut served = false;
-            while served_total < CTRL_BUDGET && self.ctrl_one(vring, &feat, &mem, buf, next_ctrl)? {
-                if served_total == 0 && woken {
-                    self.0.port.ctrl_stats.ctrl_wakeups.inc();
-                    // The guest has its ack: now, not before, see where to poll from.
-                    self.settle(ctrl_cpu);
-                }
-                served = true;
-                served_total += 1;
-            }
-            woken = false;
-            if served && self.wants_interrupt(vring)? {
-                self.0.port.ctrl_stats.ctrl_interrupts.inc();
-                self.signal(vring);
-            }
-            if served_total == CTRL_BUDGET {
-                return Ok(Burst::More);
-            }
-            // A driver changing its address lists sends several commands back to back and
-            // busy-waits on each ack: polling the ring a little while (notifications still
-            // off, so the guest does not even exit to kick) saves a wake-up per command.
-            let poll = served || std::mem::take(&mut resumed);
-            if poll && self.poll_avail(vring, &mem, window) {
-                next_ctrl.prefetch(&*mem);
-                continue;
-            }
-            // With EVENT_IDX this publishes avail_event: without it the driver would never
-            // kick again and spin forever on its next command.
-            if !vring.enable_notification().map_err(RingError)? {
-                *ctrl_asleep = true;
-                if let Err(e) = ctrl_cpu.asleep(poll && !window.is_zero()) {
-                    // Once per connection: the thread does not try again.
-                    info!("port {}: control thread: {}", self.0.port.id, error_chain(&e));
-                }
-                return Ok(Burst::Done);
-            }
-        }
-    }
-
-    /// After the first command since a sleep: off the guest's CPU, back to normal priority
-    /// (placement.rs).
-    fn settle(&self, ctrl_cpu: &mut CtrlCpu) {
-        let port = &self.0.port;
-        match ctrl_cpu.woke() {
-            Ok(Some((cpu, seen))) => {
-                port.ctrl_stats.ctrl_cpu_moves.inc();
-                let how = match seen {
-                    Seen::Frontend => "a frontend thread was runnable there",
-                    Seen::Signs => "seen by its wait for the CPU or the kick's timing",
-                };
-                debug!(
-                    "port {}: control thread woke on the guest's CPU {cpu} ({how}); moved off it",
-                    port.id
-                );
-            }
-            Ok(None) => {}
-            Err(e) => {
-                if port.warn.allow() {
-                    warn!(
-                        "port {}: placing the control thread: {}",
-                        port.id,
-                        error_chain(&e)
-                    );
-                }
-            }
-        }
-    }
-
-    fn wants_interrupt(&self, vring: &Vring) -> Result<bool, RingError> {
-        let mem = self.0.mem.memory();
-        let mut st = vring.get_mut();
-        wants_interrupt(st.get_queue_mut(), &*mem)
-    }
-
-    /// Spins up to `window` for a new available descriptor; true if one arrived.
-    fn poll_avail(
-        &self,
-        vring: &Vring,
-        mem: &vm_memory::GuestMemoryLoadGuard<vm_memory::GuestMemoryMmap>,
-        window: Duration,
-    ) -> bool {
-        if window.is_zero() {
-            return false;
-        }
-        // This thread is the control queue's only consumer, so the ring address and the
-        // next index to serve cannot change while it spins: read them once, then watch the
-        // avail index in guest memory without taking the vring lock on every spin.
-        let (idx_addr, next) = {
-            let st = vring.get_ref();
-            let q = st.get_queue();
-            (q.avail_ring().checked_add(2), q.next_avail())
-        };
-        let Some(idx_addr) = idx_addr.map(vm_memory::GuestAddress) else {
-            return false;
-        };
-        let deadline = Instant::now() + window;
-        for spin in 0u32.. {
-            match mem.load::<u16>(idx_addr, std::sync::atomic::Ordering::Acquire) {
-                Ok(idx) if u16::from_le(idx) != next => return true,
-                Ok(_) => {}
-                Err(_) => return false,
-            }
-            // The clock is read every 64 spins, not on each.
-            if spin % 64 == 63 && Instant::now() >= deadline {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-        false
-    }
-
-    /// Serves one control command; `false` when the queue is empty.
-    fn ctrl_one(
-        &self,
-        vring: &Vring,
-        feat: &Negotiated,
-        mem: &vm_memory::GuestMemoryLoadGuard<vm_memory::GuestMemoryMmap>,
-        buf: &mut Vec<u8>,
-        next: &mut NextLines,
-    ) -> Result<bool, RingError> {
-        let port = &self.0.port;
-        let t0 = Instant::now();
-        let mut st = vring.get_mut();
-        let q = st.get_queue_mut();
-        let Some((head, chain)) = pop_ctrl(q, &**mem, buf, CTRL_MAX)? else {
-            return Ok(false);
-        };
-        port.ctrl_stats.ctrl_commands.inc();
-        let early = self
-            .0
-            .ctrl_early
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
-        if early {
-            // Refused below whether the chain is well formed or not.
-            port.ctrl_stats.ctrl_before_driver_ok.inc();
-        }
-        let evict = chain.as_ref().map(|c| c.evict).unwrap_or_default();
-        // Held until the command is applied, after the answer: a reset from the frontend
-        // cannot fall between the two and be undone by a stale table.
-        let mut nic = port.lock_ctrl();
-        // A table set is answered as soon as it is checked and applied after the used entry:
-        // the tables are already in `buf`, and the guest spins until it sees the answer,
-        // while the copy and the sync are O(N) in its list (docs/benchmarks.md, "Filter sync
-        // against table size").
-        let mut later = None;
-        // What applying leaves outside the control state: the log line, and the offloads the
-        // RX path reads. One place for commands applied before their answer and after it.
-        let applied = |outcome: CtrlOutcome| {
-            debug!("port {}: control command applied: {outcome:?}", port.id);
-            if let CtrlOutcome::GuestOffloads(bits) = outcome {
-                port.set_guest_offloads(bits);
-            }
-        };
-        let (ack, ack_addr) = match chain {
-            // Virtio forbids the driver to use the device before DRIVER_OK; a real NIC
-            // answers such commands with an error and does not act on them.
-            Ok(c) if early => {
-                port.ctrl_stats.ctrl_errors.inc();
-                if port.warn.allow() {
-                    warn!(
-                        "port {}: control command posted before DRIVER_OK refused",
-                        port.id
-                    );
-                }
-                (ACK_ERR, c.ack)
-            }
-            Ok(c) => match port.contain("a control command", || nic.parse(feat, &buf[..c.len])) {
-                Some(Ok(table)) if table.is_table_set() => {
-                    later = Some(table);
-                    (ACK_OK, c.ack)
-                }
-                Some(Ok(cmd)) => match port.contain("a control command", || nic.execute(cmd)) {
-                    Some(outcome) => {
-                        applied(outcome);
-                        (ACK_OK, c.ack)
-                    }
-                    None => {
-                        port.ctrl_stats.ctrl_errors.inc();
-                        (ACK_ERR, c.ack)
-                    }
-                },
-                None => {
-                    port.ctrl_stats.ctrl_errors.inc();
-                    (ACK_ERR, c.ack)
-                }
-                Some(Err(e)) => {
-                    port.ctrl_stats.ctrl_errors.inc();
-                    if port.warn.allow() {
-                        warn!("port {}: control command refused: {}", port.id, error_chain(&e));
-                    }
-                    (ACK_ERR, c.ack)
-                }
-            },
-            Err(e) => {
-                port.ctrl_stats.ctrl_errors.inc();
-                if port.warn.allow() {
-                    warn!("port {}: bad control chain: {}", port.id, error_chain(&e));
-                }
-                (ACK_ERR, None)
-            }
-        };
-        let written = match ack_addr {
-            Some(a) => match mem.write_obj(ack, a) {
-                Ok(()) => 1,
-                Err(e) => {
-                    port.ctrl_stats.ctrl_errors.inc();
-                    if port.warn.allow() {
-                        warn!("port {}: writing control ack: {e}", port.id);
-                    }
-                    0
-                }
-            },
-            None => 0,
-        };
-        add_used(q, &**mem, head, written)?;
-        port.ctrl_stats.ctrl_answer.record(t0.elapsed().as_nanos() as u64);
-        if let Some(table) = later {
-            if let Some(outcome) = port.contain("a MAC table", || nic.execute(table)) {
-                applied(outcome);
-            }
-        }
-        drop(nic);
-        let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
-        next.note(desc, desc.and_then(|d| indirect_table(&**mem, d)), ack_addr);
-        // After the used entry, off the path the guest is waiting on.
-        evict.evict(&**mem);
-        port.ctrl_stats.ctrl_busy_ns.add(t0.elapsed().as_nanos() as u64);
-        Ok(true)
     }
 }
 
@@ -872,56 +559,11 @@ impl MemOwner for Session {
 /// the guest's DRIVER_OK is known; and of the rings it programs and the messages it refuses.
 impl RelayWatch for VnicBackend {
     fn enabling(&self, index: u32) {
-        let pairs = self.pairs();
-        let i = index as usize;
-        // The control queue's index depends on whether MQ was acked; either candidate closes
-        // the gate, and `enabled` reopens it.
-        if i == 2 || i == 2 * pairs {
-            self.0.ctrl_open.store(false, Ordering::Release);
-        }
+        self.ctrl_enabling(index);
     }
 
     fn enabled(&self, index: u32) {
-        let s = &self.0;
-        let feat = self.negotiated();
-        let ctrl = feat.ctrl_vq() && index as usize == feat.ctrl_queue_index(s.port.queue_pairs);
-        if ctrl {
-            let vring = s
-                .captured
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(index as usize)
-                .cloned()
-                .flatten();
-            let fresh = vring.and_then(|v| self.fresh_start(&v));
-            if fresh.is_some() {
-                // The driver reset the device (or is its first): as a NIC after reset, the
-                // filter is back to promiscuous with empty tables until the driver programs
-                // it. A VM pause or a reconnect restarts past 0 and keeps the state.
-                s.port.reset();
-            }
-            let early = fresh.unwrap_or(0);
-            if early > 0 {
-                info!(
-                    "port {}: {early} control command(s) posted before DRIVER_OK will be refused",
-                    s.port.id
-                );
-            } else {
-                debug!(
-                    "port {}: control ring started, nothing posted before DRIVER_OK",
-                    s.port.id
-                );
-            }
-            s.ctrl_early.store(early, Ordering::Release);
-            s.ctrl_resume.store(true, Ordering::Release);
-        }
-        s.ctrl_open.store(true, Ordering::Release);
-        if ctrl {
-            let (thread, _) = self.owner(index as usize);
-            if let Err(e) = self.trigger_attach(thread) {
-                warn!("port {}: waking the control thread: {e}", s.port.id);
-            }
-        }
+        self.ctrl_enabled(index);
     }
 
     fn ring_reset(&self, index: u32) {
