@@ -6,6 +6,7 @@ mod memcheck;
 pub mod placement;
 pub mod proxy;
 pub mod queue;
+mod rx;
 pub mod sigbus;
 
 use std::io;
@@ -20,36 +21,26 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use log::{error, info, trace, warn};
 use thiserror::Error;
 use vhost::vhost_user::Listener;
-use vhost_user_backend::{VhostUserDaemon, VringRwLock, VringT};
-use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vhost_user_backend::{VhostUserDaemon, VringRwLock};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use self::backend::VnicBackend;
-use self::queue::{push_rx, wants_interrupt, BrokenRings, ChainError, RingError, RxError, MAX_FRAME_DESCS};
+use self::queue::{BrokenRings, RingError};
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::{Attachment, Negotiated};
-use crate::device::filter::{FilterRegs, Layout, Verdict};
+use crate::device::filter::{FilterRegs, Layout};
 use crate::device::nic::NicView;
-use crate::device::rss::{Steered, SteeringCell};
+use crate::device::rss::SteeringCell;
 use crate::device::snoop::{self, Snooper};
 use crate::device::NicState;
-use crate::pipeline::gso;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
-use crate::pipeline::{Egress, Packet, Switch};
-use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, QueueStats, Tally, TallyHandle};
+use crate::pipeline::{Packet, Switch};
+use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, TallyHandle};
 use crate::unix_socket::{self, SocketAccess};
-use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report::{self, maybe_report};
-use crate::wire::virtio_net_hdr::F_NEEDS_CSUM;
-use crate::wire::virtio_net_hdr::{VirtioNetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4};
-use crate::wire::MacAddr;
-use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_GUEST_USO4, VIRTIO_NET_F_GUEST_USO6,
-};
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Vring = VringRwLock<Mem>;
@@ -533,242 +524,6 @@ impl GuestPort {
         self.connected.store(false, Ordering::Relaxed);
         self.reset();
     }
-}
-
-impl Egress for GuestPort {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
-        self.deliver(tally, flow, pkt);
-    }
-}
-
-impl GuestPort {
-    /// `Egress::send`, telling whether the frame (or every segment of it) was written into
-    /// the guest's receive ring.
-    fn deliver(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) -> bool {
-        // A snooping switch passes membership reports to routers only (RFC 4541 2.1.1): an
-        // IGMPv2 or MLDv1 guest that heard another's report for its group would stay
-        // silent, and its own filter would never learn the group.
-        if self.snooping && mcast_report::is_report(pkt.frame) {
-            tally.at(self.id, flow).rx_filtered.inc();
-            return false;
-        }
-        let guard = self.rx.load();
-        let Some(rx) = guard.as_ref() else {
-            tally.at(self.id, flow).rx_dropped.inc();
-            return false;
-        };
-        // The MAC's filter decides first, as on the NIC, where it precedes the parser and
-        // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
-        // queue of the flow it came with.
-        let dst = MacAddr::from_slice(pkt.frame).unwrap_or(MacAddr::BROADCAST);
-        let verdict = self.regs.classify(&dst);
-        if verdict == Verdict::Reject {
-            tally.at(self.id, flow).rx_filtered.inc();
-            return false;
-        }
-        // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
-        // there is one queue and nobody wants the hash reported.
-        let hash_report = rx.feat.hash_report();
-        let steered = (rx.vrings.len() > 1 || hash_report).then(|| self.steering.load().steer(pkt.frame));
-        let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
-        if !queue_usable(&rx.vrings[q]) {
-            q = 0;
-        }
-        let stats = tally.at(self.id, q);
-        match verdict {
-            Verdict::Multicast => stats.rx_mcast_accepted.inc(),
-            Verdict::FalsePositive => {
-                stats.rx_mcast_accepted.inc();
-                stats.rx_hash_false_positive.inc();
-            }
-            Verdict::Accept | Verdict::Reject => {}
-        }
-        let offloads = self.guest_offloads.load(Ordering::Relaxed);
-        let dest = Dest {
-            rx,
-            q,
-            offloads,
-            steered,
-            stats,
-        };
-        if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
-            // The guest cannot take this GSO frame whole: segment it here, once.
-            let mut all = true;
-            let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
-                let mut h = *h;
-                all &= self.push_frame(&dest, &mut h, seg);
-            });
-            match res {
-                Ok(_) => stats.rx_gso_segmented.inc(),
-                Err(e) => {
-                    stats.rx_errors.inc();
-                    if self.warn.allow() {
-                        warn!("port {}: dropping GSO frame: {}", self.id, error_chain(&e));
-                    }
-                    return false;
-                }
-            }
-            return all;
-        }
-        self.push_frame(&dest, &mut pkt.hdr, pkt.frame)
-    }
-}
-
-/// Where one frame for this guest goes: the RX path, the queue RSS chose, the receive
-/// offloads in force, the hash, and the counters (the delivering worker's).
-#[derive(Clone, Copy)]
-struct Dest<'a> {
-    rx: &'a RxPath,
-    q: usize,
-    offloads: u64,
-    steered: Option<Steered>,
-    stats: &'a QueueStats,
-}
-
-/// Whether a guest with these receive offloads takes a GSO frame of this type whole.
-fn takes_gso(offloads: u64, gso_type: u8) -> bool {
-    let has = |b: u32| offloads & (1 << b) != 0;
-    let ecn_ok = gso_type & GSO_ECN == 0 || has(VIRTIO_NET_F_GUEST_ECN);
-    ecn_ok
-        && match gso_type & !GSO_ECN {
-            GSO_TCPV4 => has(VIRTIO_NET_F_GUEST_TSO4),
-            GSO_TCPV6 => has(VIRTIO_NET_F_GUEST_TSO6),
-            GSO_UDP_L4 => has(VIRTIO_NET_F_GUEST_USO4) && has(VIRTIO_NET_F_GUEST_USO6),
-            _ => false,
-        }
-}
-
-impl GuestPort {
-    /// Writes one frame into RX queue `q`: completes a partial checksum the guest cannot
-    /// take (in place, clearing NEEDS_CSUM in `hdr` so later destinations of a flooded
-    /// frame see it complete), sets the header the guest may see, counts, signals.
-    fn push_frame(&self, d: &Dest<'_>, hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> bool {
-        let Dest {
-            rx,
-            q,
-            offloads,
-            steered,
-            stats,
-        } = *d;
-        let mem = rx.mem.memory();
-        let vring = &rx.vrings[q];
-        let index = 2 * q;
-        if rx.broken.is(index) {
-            stats.rx_dropped.inc();
-            return false;
-        }
-        let mut state = vring.get_mut();
-        if !state.is_enabled() || !state.get_queue().ready() {
-            stats.rx_dropped.inc();
-            return false;
-        }
-        let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
-        let completed = hdr.needs_csum() && !guest_csum;
-        if completed {
-            if let Err(e) = complete_partial(frame, hdr.csum_start.into(), hdr.csum_offset.into()) {
-                stats.rx_errors.inc();
-                if self.warn.allow() {
-                    warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
-                }
-                return false;
-            }
-            hdr.flags &= !F_NEEDS_CSUM;
-        }
-        let mut out = *hdr;
-        if !guest_csum {
-            // Without GUEST_CSUM the header flags must be zero (virtio 1.2, 5.1.6.4.1):
-            // DATA_VALID from an action or the host's tap is not this guest's to see.
-            out.flags = 0;
-        }
-        if let (true, Some(s)) = (rx.feat.hash_report(), steered) {
-            out.hash_value = s.hash;
-            out.hash_report = s.report;
-        }
-        let Some(res) = self.contain("a received frame", || {
-            push_rx(
-                state.get_queue_mut(),
-                &*mem,
-                rx.feat.hdr_len(),
-                rx.feat.mrg_rxbuf(),
-                &out,
-                frame,
-            )
-        }) else {
-            // Where the ring was left is unknown: nothing more goes into it.
-            stats.rx_errors.inc();
-            drop(state);
-            if rx.broken.set(index) {
-                self.conn_stats.rings_broken.inc();
-            }
-            return false;
-        };
-        let delivered = res.is_ok();
-        let notify = match res {
-            Ok(_) => {
-                stats.rx_packets.inc();
-                stats.rx_bytes.add(frame.len() as u64);
-                if completed {
-                    stats.rx_csum_completed.inc();
-                }
-                trace!("port {}: rx {} bytes on queue {q}", self.id, frame.len());
-                true
-            }
-            Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
-                stats.rx_dropped.inc();
-                false
-            }
-            Err(RxError::Chain(ChainError::TooManyDescriptors)) => {
-                stats.rx_errors.inc();
-                stats.rx_desc_limit.inc();
-                if self.warn.allow() {
-                    warn!(
-                        "port {}: rx queue {q}: a frame's buffers took more than {MAX_FRAME_DESCS} descriptors; \
-                         those chains are returned empty",
-                        self.id
-                    );
-                }
-                true
-            }
-            Err(RxError::Ring(e)) => {
-                stats.rx_errors.inc();
-                drop(state);
-                self.ring_broken(&rx.broken, index, &e);
-                return false;
-            }
-            Err(e) => {
-                stats.rx_errors.inc();
-                if self.warn.allow() {
-                    warn!("port {}: rx queue {q}: {}", self.id, error_chain(&e));
-                }
-                true
-            }
-        };
-        if !notify {
-            return delivered;
-        }
-        match wants_interrupt(state.get_queue_mut(), &*mem) {
-            Ok(false) => {}
-            Ok(true) => {
-                drop(state);
-                // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
-                if let Err(e) = vring.signal_used_queue() {
-                    if self.warn.allow() {
-                        warn!("port {}: signalling rx queue {q}: {e}", self.id);
-                    }
-                }
-            }
-            Err(e) => {
-                drop(state);
-                self.ring_broken(&rx.broken, index, &e);
-            }
-        }
-        delivered
-    }
-}
-
-fn queue_usable(v: &Vring) -> bool {
-    let s = v.get_ref();
-    s.is_enabled() && s.get_queue().ready()
 }
 
 /// A listener only this process can reach, and the end connected to it: a socket in a
