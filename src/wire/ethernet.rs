@@ -176,6 +176,11 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         self.mac(field::SOURCE)
     }
 
+    /// Whether the frame is addressed to `mac` (compared in place).
+    pub fn is_to(&self, mac: &MacAddr) -> bool {
+        self.buf.as_ref()[field::DESTINATION] == mac.0
+    }
+
     pub fn ethertype(&self) -> u16 {
         let b = &self.buf.as_ref()[field::ETHERTYPE];
         u16::from_be_bytes([b[0], b[1]])

@@ -54,7 +54,7 @@ pub fn handle(
     let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
         return Outcome::step(Step::Switch);
     };
-    let to_router = eth.dst() == ROUTER_MAC;
+    let to_router = eth.is_to(&ROUTER_MAC);
     match eth.ethertype() {
         ETHERTYPE_ARP => ipv4::arp(at.table, port, frame, cache),
         ETHERTYPE_IPV4 if to_router => Outcome::step(ipv4::route(at, port, frame, cache, stats)),

@@ -53,10 +53,6 @@ struct V4 {
     ttl: u8,
     src: Ipv4Addr,
     dst: Ipv4Addr,
-    /// The ICMP type, if the packet is ICMP and long enough to carry one.
-    icmp_type: Option<u8>,
-    /// The frame's source MAC: where errors go.
-    from_mac: MacAddr,
 }
 
 /// Routes an IPv4 packet sent to the router's MAC: RFC 1812 5.2.2's checks (header
@@ -92,12 +88,18 @@ pub(super) fn route(
         ttl: p.ttl(),
         src: p.src(),
         dst: p.dst(),
-        icmp_type: (p.protocol() == PROTO_ICMP)
-            .then(|| ip.get(hl).copied())
-            .flatten(),
-        from_mac: eth.src(),
     };
     forward(at, port, &pkt, frame, cache, stats)
+}
+
+impl V4 {
+    /// The ICMP type, if the packet is ICMP and long enough to carry one. Read only on the
+    /// paths that need it (echo, errors), not for every routed packet.
+    fn icmp_type(&self, frame: &[u8]) -> Option<u8> {
+        (self.protocol == PROTO_ICMP)
+            .then(|| frame.get(HEADER_LEN + self.header_len).copied())
+            .flatten()
+    }
 }
 
 impl Family for V4 {
@@ -110,7 +112,7 @@ impl Family for V4 {
     }
 
     fn echo_reply(&self, frame: &mut [u8]) -> bool {
-        let echo = self.icmp_type == Some(icmp::ECHO_REQUEST) && self.total_len >= self.header_len + 8;
+        let echo = self.icmp_type(frame) == Some(icmp::ECHO_REQUEST) && self.total_len >= self.header_len + 8;
         if echo {
             icmp::echo_reply_v4(frame, HEADER_LEN, self.header_len, self.total_len, ROUTER_MAC);
         }
@@ -119,10 +121,9 @@ impl Family for V4 {
 
     fn error(&self, table: &RouteTable, port: usize, frame: &[u8], out: &mut Vec<u8>, e: IcmpError) -> bool {
         // Never answer an error with an error, nor speak from an address we do not have.
-        if self.protocol == PROTO_ICMP
-            && self
-                .icmp_type
-                .is_some_and(|t| ![icmp::ECHO_REQUEST, icmp::ECHO_REPLY].contains(&t))
+        if self
+            .icmp_type(frame)
+            .is_some_and(|t| ![icmp::ECHO_REQUEST, icmp::ECHO_REPLY].contains(&t))
         {
             return false;
         }
@@ -133,8 +134,11 @@ impl Family for V4 {
             IcmpError::TimeExceeded => (icmp::TIME_EXCEEDED, 0),
             IcmpError::Unreachable => (icmp::DEST_UNREACHABLE, icmp::CODE_NET_UNREACHABLE),
         };
+        let Ok(eth) = EthernetFrame::new_checked(frame) else {
+            return false;
+        };
         let ip = &frame[HEADER_LEN..HEADER_LEN + self.total_len];
-        icmp::error_v4(out, (ROUTER_MAC, self.from_mac), from, self.src, kind, code, ip);
+        icmp::error_v4(out, (ROUTER_MAC, eth.src()), from, self.src, kind, code, ip);
         true
     }
 
