@@ -130,12 +130,14 @@ pub struct RunArgs {
     /// Opt-in: SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a
     /// guest's kick runs it at once even on the guest's own busy CPU; it drops to normal
     /// priority as soon as the command is served and never polls at it. 0 (the default): the
-    /// daemon never changes its scheduling policy. Needs CAP_SYS_NICE or RLIMIT_RTPRIO.
+    /// daemon never changes its scheduling policy. Needs CAP_SYS_NICE or RLIMIT_RTPRIO, and a
+    /// build with `--features ctrl-placement`.
     #[arg(long, default_value_t = 0, value_name = "PRIO")]
     pub ctrl_wake_priority: u8,
     /// Opt-in: after a wake-up, move the control-queue thread off a CPU where one of the
     /// frontend's threads (read from /proc/PID/task) is runnable. Off (the default): the
-    /// daemon never changes its CPU affinity; pin it with taskset, systemd or libvirt.
+    /// daemon never changes its CPU affinity; pin it with taskset, systemd or libvirt. Needs a
+    /// build with `--features ctrl-placement`.
     #[arg(long)]
     pub ctrl_placement: bool,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
@@ -235,6 +237,10 @@ pub enum ConfigError {
     CtrlPoll(u64),
     #[error("--ctrl-wake-priority {0} is out of range 0..=99")]
     CtrlWakePriority(u8),
+    #[error(
+        "{0} needs a build with the ctrl-placement feature (cargo build --release --features ctrl-placement)"
+    )]
+    NotBuilt(&'static str),
     #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
     Port {
         what: &'static str,
@@ -347,74 +353,102 @@ fn default_mac(i: usize) -> MacAddr {
     MacAddr([0x52, 0x54, 0x00, 0xd0, 0xaa, (i as u8).wrapping_add(1)])
 }
 
-impl TryFrom<RunArgs> for Config {
-    type Error = ConfigError;
-
-    fn try_from(a: RunArgs) -> Result<Self, Self::Error> {
-        if a.sockets.is_empty() {
+impl RunArgs {
+    /// The guest ports, their MACs and sizes, the tap and the QMP followers.
+    fn check_ports(&self) -> Result<(), ConfigError> {
+        if self.sockets.is_empty() {
             return Err(ConfigError::NoSocket);
         }
-        if a.queues == 0 || a.queues > MAX_QUEUE_PAIRS {
-            return Err(ConfigError::Queues(a.queues));
+        if self.queues == 0 || self.queues > MAX_QUEUE_PAIRS {
+            return Err(ConfigError::Queues(self.queues));
         }
-        if a.macs.len() > a.sockets.len() {
+        if self.macs.len() > self.sockets.len() {
             return Err(ConfigError::TooManyMacs {
-                macs: a.macs.len(),
-                sockets: a.sockets.len(),
+                macs: self.macs.len(),
+                sockets: self.sockets.len(),
             });
         }
-        if let Some(m) = a.macs.iter().find(|m| m.is_multicast()) {
+        if let Some(m) = self.macs.iter().find(|m| m.is_multicast()) {
             return Err(ConfigError::MulticastMac(*m));
         }
-        if a.mtu < 68 {
-            return Err(ConfigError::Mtu(a.mtu));
+        if self.mtu < 68 {
+            return Err(ConfigError::Mtu(self.mtu));
         }
-        if let Some(t) = &a.tap {
+        if let Some(t) = &self.tap {
             if t.is_empty() || t.len() > 15 || t.contains(['/', ' ', '\0']) {
                 return Err(ConfigError::TapName(t.clone()));
             }
         }
-        for (i, q) in a.qmp.iter().enumerate() {
-            if q.port >= a.sockets.len() {
+        for (i, q) in self.qmp.iter().enumerate() {
+            if q.port >= self.sockets.len() {
                 return Err(ConfigError::QmpPort {
                     port: q.port,
-                    ports: a.sockets.len(),
+                    ports: self.sockets.len(),
                 });
             }
-            if a.qmp[..i].iter().any(|o| o.port == q.port) {
+            if self.qmp[..i].iter().any(|o| o.port == q.port) {
                 return Err(ConfigError::QmpTwice(q.port));
             }
         }
-        if a.snoop_timeout > 0 && !a.snoop {
+        Ok(())
+    }
+
+    /// Options with a range, and the ones that go together.
+    fn check_options(&self) -> Result<(), ConfigError> {
+        if self.snoop_timeout > 0 && !self.snoop {
             return Err(ConfigError::SnoopTimeoutAlone);
         }
-        if let Some(q) = a.qmp.iter().find(|_| a.snoop) {
+        if let Some(q) = self.qmp.iter().find(|_| self.snoop) {
             return Err(ConfigError::SnoopAndQmp(q.port));
         }
-        if a.ctrl_poll_us > 100_000 {
-            return Err(ConfigError::CtrlPoll(a.ctrl_poll_us));
+        if self.ctrl_poll_us > 100_000 {
+            return Err(ConfigError::CtrlPoll(self.ctrl_poll_us));
         }
-        if a.ctrl_wake_priority > 99 {
-            return Err(ConfigError::CtrlWakePriority(a.ctrl_wake_priority));
+        if self.ctrl_wake_priority > 99 {
+            return Err(ConfigError::CtrlWakePriority(self.ctrl_wake_priority));
         }
-        if a.fdb_limit == 0 || a.neigh_limit == 0 || a.snoop_max_groups == 0 {
+        if !cfg!(feature = "ctrl-placement") {
+            if self.ctrl_placement {
+                return Err(ConfigError::NotBuilt("--ctrl-placement"));
+            }
+            if self.ctrl_wake_priority > 0 {
+                return Err(ConfigError::NotBuilt("--ctrl-wake-priority"));
+            }
+        }
+        if self.fdb_limit == 0 || self.neigh_limit == 0 || self.snoop_max_groups == 0 {
             return Err(ConfigError::Limit);
         }
-        if a.exact_limit == 0 || a.exact_limit > crate::device::filter::regs::TABLE_MAX {
-            return Err(ConfigError::ExactLimit(a.exact_limit));
+        if self.exact_limit == 0 || self.exact_limit > crate::device::filter::regs::TABLE_MAX {
+            return Err(ConfigError::ExactLimit(self.exact_limit));
         }
-        let nports = a.sockets.len() + usize::from(a.tap.is_some());
-        check_ports("--csum-action", &a.csum_actions, nports)?;
-        check_ports("--router-ip", &a.router_ips, nports)?;
-        check_ports("--route", &a.routes, nports)?;
-        if !a.routes.is_empty() && a.router_ips.is_empty() {
+        Ok(())
+    }
+
+    /// Rules that name ports, the router they need, and sockets named twice.
+    fn check_rules(&self) -> Result<(), ConfigError> {
+        let nports = self.sockets.len() + usize::from(self.tap.is_some());
+        check_named_ports("--csum-action", &self.csum_actions, nports)?;
+        check_named_ports("--router-ip", &self.router_ips, nports)?;
+        check_named_ports("--route", &self.routes, nports)?;
+        if !self.routes.is_empty() && self.router_ips.is_empty() {
             return Err(ConfigError::RouteWithoutRouter);
         }
-        for (i, s) in a.sockets.iter().enumerate() {
-            if a.sockets[..i].contains(s) {
+        for (i, s) in self.sockets.iter().enumerate() {
+            if self.sockets[..i].contains(s) {
                 return Err(ConfigError::DuplicateSocket(s.display().to_string()));
             }
         }
+        Ok(())
+    }
+}
+
+impl TryFrom<RunArgs> for Config {
+    type Error = ConfigError;
+
+    fn try_from(a: RunArgs) -> Result<Self, Self::Error> {
+        a.check_ports()?;
+        a.check_options()?;
+        a.check_rules()?;
         let metrics = a
             .metrics
             .as_deref()
@@ -465,7 +499,7 @@ impl TryFrom<RunArgs> for Config {
 }
 
 /// Every rule in `items` names a port there is.
-fn check_ports<T: NamesPort>(what: &'static str, items: &[T], ports: usize) -> Result<(), ConfigError> {
+fn check_named_ports<T: NamesPort>(what: &'static str, items: &[T], ports: usize) -> Result<(), ConfigError> {
     match items.iter().find_map(|i| Some((i, i.missing_port(ports)?))) {
         Some((bad, port)) => Err(ConfigError::Port {
             what,
@@ -522,14 +556,24 @@ mod tests {
             parse(&["--socket", "a", "--ctrl-wake-priority", "100"]),
             Err(ConfigError::CtrlWakePriority(100))
         );
-        assert_eq!(
-            parse(&["--socket", "a", "--ctrl-wake-priority", "1", "--ctrl-placement"]).map(|c| c.ctrl),
-            Ok(CtrlTuning {
-                poll: std::time::Duration::from_millis(1),
-                wake_priority: 1,
-                placement: true
-            })
-        );
+        let opted_in = parse(&["--socket", "a", "--ctrl-wake-priority", "1", "--ctrl-placement"]);
+        if cfg!(feature = "ctrl-placement") {
+            assert_eq!(
+                opted_in.map(|c| c.ctrl),
+                Ok(CtrlTuning {
+                    poll: std::time::Duration::from_millis(1),
+                    wake_priority: 1,
+                    placement: true
+                })
+            );
+        } else {
+            // Without the feature the options are refused, never silently ignored.
+            assert_eq!(opted_in, Err(ConfigError::NotBuilt("--ctrl-placement")));
+            assert_eq!(
+                parse(&["--socket", "a", "--ctrl-wake-priority", "1"]),
+                Err(ConfigError::NotBuilt("--ctrl-wake-priority"))
+            );
+        }
         assert_eq!(
             parse(&["--socket", "a", "--queues", "0"]),
             Err(ConfigError::Queues(0))

@@ -162,46 +162,19 @@ impl CtrlState {
     }
 
     fn check<'a>(&self, feat: &Negotiated, cmd: &'a [u8]) -> Result<Cmd<'a>, CtrlError> {
-        let (class, command, data) = match cmd {
-            [class, command, data @ ..] => (*class, *command, data),
+        let h = match cmd {
+            [class, command, data @ ..] => Head {
+                class: *class,
+                cmd: *command,
+                data,
+            },
             _ => return Err(CtrlError::Truncated(cmd.len())),
         };
-        let need = |ok: bool| {
-            if ok {
-                Ok(())
-            } else {
-                Err(CtrlError::NotNegotiated { class, cmd: command })
-            }
-        };
-        let exact = |want: usize| {
-            if data.len() == want {
-                Ok(())
-            } else {
-                Err(CtrlError::BadLength {
-                    class,
-                    cmd: command,
-                    got: data.len(),
-                    want,
-                })
-            }
-        };
-        match (u32::from(class), u32::from(command)) {
-            (VIRTIO_NET_CTRL_RX, c) if c <= VIRTIO_NET_CTRL_RX_NOBCAST => {
-                need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
-                if c > VIRTIO_NET_CTRL_RX_ALLMULTI {
-                    need(feat.rx_extra())?;
-                }
-                exact(1)?;
-                let on = match data[0] {
-                    0 => false,
-                    1 => true,
-                    v => return Err(CtrlError::BadFlag(v)),
-                };
-                Ok(Cmd::RxFlag { which: c, on })
-            }
+        match (u32::from(h.class), u32::from(h.cmd)) {
+            (VIRTIO_NET_CTRL_RX, c) if c <= VIRTIO_NET_CTRL_RX_NOBCAST => h.rx_flag(feat, c),
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
-                need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
-                let (unicast, rest) = split_table(data)?;
+                h.need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
+                let (unicast, rest) = split_table(h.data)?;
                 let (multicast, rest) = split_table(rest)?;
                 if !rest.is_empty() {
                     return Err(CtrlError::BadTable("trailing bytes after the multicast table"));
@@ -209,45 +182,14 @@ impl CtrlState {
                 Ok(Cmd::MacTable { unicast, multicast })
             }
             (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
-                need(feat.has(VIRTIO_NET_F_CTRL_MAC_ADDR))?;
-                exact(6)?;
-                Ok(Cmd::MacAddr(
-                    MacAddr::from_slice(data).ok_or(CtrlError::Truncated(data.len()))?,
-                ))
+                h.need(feat.has(VIRTIO_NET_F_CTRL_MAC_ADDR))?;
+                h.exact(6)?;
+                let mac = MacAddr::from_slice(h.data).ok_or(CtrlError::Truncated(h.data.len()))?;
+                Ok(Cmd::MacAddr(mac))
             }
-            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => {
-                need(feat.mq())?;
-                exact(2)?;
-                let n = u16::from_le_bytes([data[0], data[1]]);
-                if n == 0 || n > self.max_queue_pairs {
-                    return Err(CtrlError::BadQueuePairs(n, self.max_queue_pairs));
-                }
-                Ok(Cmd::QueuePairs(n))
-            }
-            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_RSS_CONFIG) => {
-                need(feat.rss())?;
-                Ok(Cmd::Rss(
-                    RssConfig::parse_rss(data, self.max_queue_pairs).map_err(CtrlError::Rss)?,
-                ))
-            }
-            (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_HASH_CONFIG) => {
-                need(feat.hash_report())?;
-                Ok(Cmd::HashConfig(
-                    RssConfig::parse_hash(data).map_err(CtrlError::Rss)?,
-                ))
-            }
-            (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => {
-                need(feat.has(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS))?;
-                exact(8)?;
-                let mut le = [0u8; 8];
-                le.copy_from_slice(data);
-                let offloads = u64::from_le_bytes(le);
-                if offloads & !(feat.bits & GUEST_OFFLOAD_MASK) != 0 {
-                    return Err(CtrlError::BadOffloads(offloads));
-                }
-                Ok(Cmd::GuestOffloads(offloads))
-            }
-            _ => Err(CtrlError::Unknown { class, cmd: command }),
+            (VIRTIO_NET_CTRL_MQ, c) => h.mq(feat, c, self.max_queue_pairs),
+            (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => h.offloads(feat),
+            _ => Err(h.unknown()),
         }
     }
 
@@ -291,6 +233,103 @@ impl CtrlState {
                 CtrlOutcome::GuestOffloads(bits)
             }
         }
+    }
+}
+
+/// A command's class, command and data, as `CtrlState::check` takes it apart.
+struct Head<'a> {
+    class: u8,
+    cmd: u8,
+    data: &'a [u8],
+}
+
+impl<'a> Head<'a> {
+    /// The command needs a feature the driver acked.
+    fn need(&self, ok: bool) -> Result<(), CtrlError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(CtrlError::NotNegotiated {
+                class: self.class,
+                cmd: self.cmd,
+            })
+        }
+    }
+
+    /// The command's data is exactly `want` bytes.
+    fn exact(&self, want: usize) -> Result<(), CtrlError> {
+        if self.data.len() == want {
+            Ok(())
+        } else {
+            Err(CtrlError::BadLength {
+                class: self.class,
+                cmd: self.cmd,
+                got: self.data.len(),
+                want,
+            })
+        }
+    }
+
+    fn unknown(&self) -> CtrlError {
+        CtrlError::Unknown {
+            class: self.class,
+            cmd: self.cmd,
+        }
+    }
+
+    /// CTRL_RX: one flag, on or off; the last four need CTRL_RX_EXTRA.
+    fn rx_flag(&self, feat: &Negotiated, which: u32) -> Result<Cmd<'a>, CtrlError> {
+        self.need(feat.has(VIRTIO_NET_F_CTRL_RX))?;
+        if which > VIRTIO_NET_CTRL_RX_ALLMULTI {
+            self.need(feat.rx_extra())?;
+        }
+        self.exact(1)?;
+        let on = match self.data[0] {
+            0 => false,
+            1 => true,
+            v => return Err(CtrlError::BadFlag(v)),
+        };
+        Ok(Cmd::RxFlag { which, on })
+    }
+
+    /// CTRL_MQ: queue pairs, RSS or hash-report configuration.
+    fn mq(&self, feat: &Negotiated, which: u32, max_pairs: u16) -> Result<Cmd<'a>, CtrlError> {
+        match which {
+            VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET => {
+                self.need(feat.mq())?;
+                self.exact(2)?;
+                let n = u16::from_le_bytes([self.data[0], self.data[1]]);
+                if n == 0 || n > max_pairs {
+                    return Err(CtrlError::BadQueuePairs(n, max_pairs));
+                }
+                Ok(Cmd::QueuePairs(n))
+            }
+            VIRTIO_NET_CTRL_MQ_RSS_CONFIG => {
+                self.need(feat.rss())?;
+                let c = RssConfig::parse_rss(self.data, max_pairs).map_err(CtrlError::Rss)?;
+                Ok(Cmd::Rss(c))
+            }
+            VIRTIO_NET_CTRL_MQ_HASH_CONFIG => {
+                self.need(feat.hash_report())?;
+                Ok(Cmd::HashConfig(
+                    RssConfig::parse_hash(self.data).map_err(CtrlError::Rss)?,
+                ))
+            }
+            _ => Err(self.unknown()),
+        }
+    }
+
+    /// CTRL_GUEST_OFFLOADS_SET: only offloads the driver acked.
+    fn offloads(&self, feat: &Negotiated) -> Result<Cmd<'a>, CtrlError> {
+        self.need(feat.has(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS))?;
+        self.exact(8)?;
+        let mut le = [0u8; 8];
+        le.copy_from_slice(self.data);
+        let offloads = u64::from_le_bytes(le);
+        if offloads & !(feat.bits & GUEST_OFFLOAD_MASK) != 0 {
+            return Err(CtrlError::BadOffloads(offloads));
+        }
+        Ok(Cmd::GuestOffloads(offloads))
     }
 }
 

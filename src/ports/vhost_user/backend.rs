@@ -26,7 +26,7 @@ use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Ingress, Packet};
-use crate::stats::TallyHandle;
+use crate::stats::{QueueStats, TallyHandle};
 use crate::wire::virtio_net_hdr::GSO_NONE;
 use crate::wire::VirtioNetHdr;
 
@@ -330,45 +330,9 @@ impl VnicBackend {
                 walked += t.walked;
                 match t.result {
                     Ok(n) => {
-                        stats.tx_packets.inc();
-                        stats.tx_bytes.add((n - hdr_len) as u64);
-                        let hdr = match VirtioNetHdr::parse(&buf[..n], hdr_len) {
-                            Ok(h) => h,
-                            Err(e) => {
-                                stats.tx_errors.inc();
-                                debug!("port {}: {e}", port.id);
-                                continue;
-                            }
-                        };
-                        trace!("port {}: tx {} bytes on pair {pair}", port.id, n - hdr_len);
-                        if !port.source_lock.allows(&buf[hdr_len..n]) {
-                            stats.tx_dropped.inc();
-                            stats.tx_spoofed.inc();
-                            if port.warn.allow() {
-                                warn!(
-                                    "port {}: tx queue {pair}: dropping a frame from a source MAC other \
-                                     than the port's (--port-mac-lock)",
-                                    port.id
-                                );
-                            }
+                        let Some(hdr) = self.admit(pair, stats, &buf[..n], hdr_len) else {
                             continue;
-                        }
-                        if hdr.gso_type != GSO_NONE {
-                            stats.tx_gso.inc();
-                            // Refused here, once, rather than at each receiver that would
-                            // have to segment it. Other GSO errors are for a receiver that
-                            // segments to find: one that takes GSO whole may accept them.
-                            if let Err(e @ (GsoError::TooManySegments { .. } | GsoError::ZeroSize)) =
-                                gso::segment_count(&hdr, &buf[hdr_len..n])
-                            {
-                                stats.tx_dropped.inc();
-                                stats.tx_gso_refused.inc();
-                                if port.warn.allow() {
-                                    warn!("port {}: tx queue {pair}: dropping GSO frame: {e}", port.id);
-                                }
-                                continue;
-                            }
-                        }
+                        };
                         let contained = port.contain("a transmitted frame", || {
                             port.snoop_frame(&buf[hdr_len..n]);
                             let mut pkt = Packet {
@@ -387,20 +351,7 @@ impl VnicBackend {
                             stats.tx_errors.inc();
                         }
                     }
-                    Err(e) => {
-                        stats.tx_errors.inc();
-                        if matches!(e, ChainError::TooManyDescriptors) {
-                            stats.tx_desc_limit.inc();
-                        }
-                        if port.warn.allow() {
-                            warn!(
-                                "port {}: tx queue {pair}: dropping chain {}: {}",
-                                port.id,
-                                t.head,
-                                error_chain(&e)
-                            );
-                        }
-                    }
+                    Err(e) => self.chain_refused(pair, stats, t.head, &e),
                 }
             }
             if !vring.enable_notification().map_err(RingError)? {
@@ -411,6 +362,70 @@ impl VnicBackend {
             self.signal(vring);
         }
         Ok(burst)
+    }
+
+    /// Counts a frame the guest sent and checks it before it goes anywhere: its header, its
+    /// source MAC (`--port-mac-lock`), its GSO segment count. `None`: dropped, and counted.
+    #[inline]
+    fn admit(&self, pair: usize, stats: &QueueStats, chain: &[u8], hdr_len: usize) -> Option<VirtioNetHdr> {
+        let port = &self.0.port;
+        let frame = &chain[hdr_len..];
+        stats.tx_packets.inc();
+        stats.tx_bytes.add(frame.len() as u64);
+        let hdr = match VirtioNetHdr::parse(chain, hdr_len) {
+            Ok(h) => h,
+            Err(e) => {
+                stats.tx_errors.inc();
+                debug!("port {}: {e}", port.id);
+                return None;
+            }
+        };
+        trace!("port {}: tx {} bytes on pair {pair}", port.id, frame.len());
+        if !port.source_lock.allows(frame) {
+            stats.tx_dropped.inc();
+            stats.tx_spoofed.inc();
+            if port.warn.allow() {
+                warn!(
+                    "port {}: tx queue {pair}: dropping a frame from a source MAC other than the \
+                     port's (--port-mac-lock)",
+                    port.id
+                );
+            }
+            return None;
+        }
+        if hdr.gso_type != GSO_NONE {
+            stats.tx_gso.inc();
+            // Refused here, once, rather than at each receiver that would have to segment it.
+            // Other GSO errors are for a receiver that segments to find: one that takes GSO
+            // whole may accept them.
+            if let Err(e @ (GsoError::TooManySegments { .. } | GsoError::ZeroSize)) =
+                gso::segment_count(&hdr, frame)
+            {
+                stats.tx_dropped.inc();
+                stats.tx_gso_refused.inc();
+                if port.warn.allow() {
+                    warn!("port {}: tx queue {pair}: dropping GSO frame: {e}", port.id);
+                }
+                return None;
+            }
+        }
+        Some(hdr)
+    }
+
+    /// A TX chain the queue layer refused (returned empty): counted, logged.
+    fn chain_refused(&self, pair: usize, stats: &QueueStats, head: u16, e: &ChainError) {
+        let port = &self.0.port;
+        stats.tx_errors.inc();
+        if matches!(e, ChainError::TooManyDescriptors) {
+            stats.tx_desc_limit.inc();
+        }
+        if port.warn.allow() {
+            warn!(
+                "port {}: tx queue {pair}: dropping chain {head}: {}",
+                port.id,
+                error_chain(e)
+            );
+        }
     }
 
     /// Whether the driver wants an interrupt for what was just returned.

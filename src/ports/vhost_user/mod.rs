@@ -3,6 +3,12 @@
 mod backend;
 pub mod evict;
 mod memcheck;
+// Opt-in at build time: tuned on 2-CPU hosts nobody pins (docs/benchmarks.md, "A daemon left
+// running next to guests"); CPU placement otherwise belongs to whoever runs the daemon.
+#[cfg(feature = "ctrl-placement")]
+pub mod placement;
+#[cfg(not(feature = "ctrl-placement"))]
+#[path = "placement_off.rs"]
 pub mod placement;
 pub mod proxy;
 pub mod queue;

@@ -13,7 +13,7 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
-use super::queue::{push_rx, wants_interrupt, ChainError, RxError, MAX_FRAME_DESCS};
+use super::queue::{push_rx, wants_interrupt, ChainError, RingError, RxError, MAX_FRAME_DESCS};
 use super::{error_chain, GuestPort, RxPath, Vring};
 use crate::device::filter::Verdict;
 use crate::device::rss::Steered;
@@ -135,13 +135,7 @@ impl GuestPort {
     /// take (in place, clearing NEEDS_CSUM in `hdr` so later destinations of a flooded
     /// frame see it complete), sets the header the guest may see, counts, signals.
     fn push_frame(&self, d: &Dest<'_>, hdr: &mut VirtioNetHdr, frame: &mut [u8]) -> bool {
-        let Dest {
-            rx,
-            q,
-            offloads,
-            steered,
-            stats,
-        } = *d;
+        let Dest { rx, q, stats, .. } = *d;
         let mem = rx.mem.memory();
         let vring = &rx.vrings[q];
         let index = 2 * q;
@@ -154,28 +148,9 @@ impl GuestPort {
             stats.rx_dropped.inc();
             return false;
         }
-        let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
-        let completed = hdr.needs_csum() && !guest_csum;
-        if completed {
-            if let Err(e) = complete_partial(frame, hdr.csum_start.into(), hdr.csum_offset.into()) {
-                stats.rx_errors.inc();
-                if self.warn.allow() {
-                    warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
-                }
-                return false;
-            }
-            hdr.flags &= !F_NEEDS_CSUM;
-        }
-        let mut out = *hdr;
-        if !guest_csum {
-            // Without GUEST_CSUM the header flags must be zero (virtio 1.2, 5.1.6.4.1):
-            // DATA_VALID from an action or the host's tap is not this guest's to see.
-            out.flags = 0;
-        }
-        if let (true, Some(s)) = (rx.feat.hash_report(), steered) {
-            out.hash_value = s.hash;
-            out.hash_report = s.report;
-        }
+        let Some((out, completed)) = self.guest_header(d, hdr, frame) else {
+            return false;
+        };
         let Some(res) = self.contain("a received frame", || {
             push_rx(
                 state.get_queue_mut(),
@@ -194,50 +169,16 @@ impl GuestPort {
             }
             return false;
         };
-        let delivered = res.is_ok();
-        let notify = match res {
-            Ok(_) => {
-                stats.rx_packets.inc();
-                stats.rx_bytes.add(frame.len() as u64);
-                if completed {
-                    stats.rx_csum_completed.inc();
-                }
-                trace!("port {}: rx {} bytes on queue {q}", self.id, frame.len());
-                true
-            }
-            Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
-                stats.rx_dropped.inc();
-                false
-            }
-            Err(RxError::Chain(ChainError::TooManyDescriptors)) => {
-                stats.rx_errors.inc();
-                stats.rx_desc_limit.inc();
-                if self.warn.allow() {
-                    warn!(
-                        "port {}: rx queue {q}: a frame's buffers took more than {MAX_FRAME_DESCS} descriptors; \
-                         those chains are returned empty",
-                        self.id
-                    );
-                }
-                true
-            }
-            Err(RxError::Ring(e)) => {
-                stats.rx_errors.inc();
+        let delivered = match self.pushed(d, res.map(drop), completed, frame.len()) {
+            Pushed::Delivered => true,
+            Pushed::Returned => false,
+            Pushed::Dropped => return false,
+            Pushed::Broken(e) => {
                 drop(state);
                 self.ring_broken(&rx.broken, index, &e);
                 return false;
             }
-            Err(e) => {
-                stats.rx_errors.inc();
-                if self.warn.allow() {
-                    warn!("port {}: rx queue {q}: {}", self.id, error_chain(&e));
-                }
-                true
-            }
         };
-        if !notify {
-            return delivered;
-        }
         match wants_interrupt(state.get_queue_mut(), &*mem) {
             Ok(false) => {}
             Ok(true) => {
@@ -256,6 +197,95 @@ impl GuestPort {
         }
         delivered
     }
+
+    /// The header this guest sees for `hdr`'s frame, and whether its partial checksum was
+    /// completed here: in place, clearing NEEDS_CSUM in `hdr` so later destinations of a
+    /// flooded frame see it complete. `None`: dropped (bad checksum offsets), counted.
+    fn guest_header(
+        &self,
+        d: &Dest<'_>,
+        hdr: &mut VirtioNetHdr,
+        frame: &mut [u8],
+    ) -> Option<(VirtioNetHdr, bool)> {
+        let guest_csum = d.offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
+        let completed = hdr.needs_csum() && !guest_csum;
+        if completed {
+            if let Err(e) = complete_partial(frame, hdr.csum_start.into(), hdr.csum_offset.into()) {
+                d.stats.rx_errors.inc();
+                if self.warn.allow() {
+                    warn!("port {}: dropping frame with bad checksum offsets: {e}", self.id);
+                }
+                return None;
+            }
+            hdr.flags &= !F_NEEDS_CSUM;
+        }
+        let mut out = *hdr;
+        if !guest_csum {
+            // Without GUEST_CSUM the header flags must be zero (virtio 1.2, 5.1.6.4.1):
+            // DATA_VALID from an action or the host's tap is not this guest's to see.
+            out.flags = 0;
+        }
+        if let (true, Some(s)) = (d.rx.feat.hash_report(), d.steered) {
+            out.hash_value = s.hash;
+            out.hash_report = s.report;
+        }
+        Some((out, completed))
+    }
+
+    /// Counts what one push did, and says what is left to do.
+    fn pushed(&self, d: &Dest<'_>, res: Result<(), RxError>, completed: bool, len: usize) -> Pushed {
+        let (stats, q) = (d.stats, d.q);
+        match res {
+            Ok(()) => {
+                stats.rx_packets.inc();
+                stats.rx_bytes.add(len as u64);
+                if completed {
+                    stats.rx_csum_completed.inc();
+                }
+                trace!("port {}: rx {len} bytes on queue {q}", self.id);
+                Pushed::Delivered
+            }
+            Err(RxError::NoBuffers) | Err(RxError::TooManyBuffers) => {
+                stats.rx_dropped.inc();
+                Pushed::Dropped
+            }
+            Err(RxError::Chain(ChainError::TooManyDescriptors)) => {
+                stats.rx_errors.inc();
+                stats.rx_desc_limit.inc();
+                if self.warn.allow() {
+                    warn!(
+                        "port {}: rx queue {q}: a frame's buffers took more than {MAX_FRAME_DESCS} descriptors; \
+                         those chains are returned empty",
+                        self.id
+                    );
+                }
+                Pushed::Returned
+            }
+            Err(RxError::Ring(e)) => {
+                stats.rx_errors.inc();
+                Pushed::Broken(e)
+            }
+            Err(e) => {
+                stats.rx_errors.inc();
+                if self.warn.allow() {
+                    warn!("port {}: rx queue {q}: {}", self.id, error_chain(&e));
+                }
+                Pushed::Returned
+            }
+        }
+    }
+}
+
+/// What a push into the receive ring left to do.
+enum Pushed {
+    /// Written: the guest may want an interrupt.
+    Delivered,
+    /// Chains were returned empty (refused): the guest may want an interrupt for them.
+    Returned,
+    /// No buffers: nothing was returned, no interrupt.
+    Dropped,
+    /// The ring is broken: nothing more goes into it.
+    Broken(RingError),
 }
 
 fn queue_usable(v: &Vring) -> bool {
