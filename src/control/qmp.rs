@@ -132,7 +132,11 @@ struct Conn {
 
 impl Conn {
     fn open(spec: &QmpSpec) -> Result<Conn, QmpError> {
-        let s = UnixStream::connect(&spec.path).map_err(QmpError::Io)?;
+        Conn::greet(UnixStream::connect(&spec.path).map_err(QmpError::Io)?)
+    }
+
+    /// Reads QEMU's greeting and leaves capabilities negotiation (no event comes before).
+    fn greet(s: UnixStream) -> Result<Conn, QmpError> {
         let mut c = Conn {
             r: BufReader::new(s.try_clone().map_err(QmpError::Io)?),
             w: s,
@@ -173,6 +177,33 @@ impl Conn {
         };
         let (r, ev) = self.call(cmd)?;
         Ok((serde_json::from_value(r).map_err(QmpError::Json)?, ev))
+    }
+
+    /// Queries `nic` and hands the answer to `apply`, again for as long as an event of ours
+    /// arrives with the answer. QEMU runs a command in a bottom half and sends its answer
+    /// from the monitor's coroutine once that wakes (qapi/qmp-dispatch.c,
+    /// `do_qmp_dispatch_bh`), so a change the
+    /// guest makes in between is announced before the answer that re-armed the event; the
+    /// answer may not hold that change, and no other event follows until the next query.
+    /// Dropping such an event left a port's filter stale for good.
+    fn sync(&mut self, nic: &str, apply: &mut impl FnMut(&[RxFilterInfo])) -> Result<(), QmpError> {
+        loop {
+            let (infos, events) = self.query(Some(nic))?;
+            apply(&infos);
+            if !events.iter().any(|e| is_our_event(e, nic)) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Follows `nic` until the connection fails: a first sync, then one on every event.
+    fn follow(&mut self, nic: &str, mut apply: impl FnMut(&[RxFilterInfo])) -> Result<(), QmpError> {
+        self.sync(nic, &mut apply)?;
+        loop {
+            if is_our_event(&self.read()?, nic) {
+                self.sync(nic, &mut apply)?;
+            }
+        }
     }
 }
 
@@ -215,30 +246,19 @@ pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>) -> io::Result<()> {
 
 fn follow(spec: &QmpSpec, port: &GuestPort) -> Result<(), QmpError> {
     let mut c = Conn::open(spec)?;
-    let (all, _) = c.query(spec.nic.as_deref())?;
-    let nic = match (&spec.nic, all.as_slice()) {
-        (Some(n), _) => n.clone(),
-        (None, [one]) => one.name.clone(),
-        (None, many) => return Err(QmpError::Ambiguous(many.len())),
+    let nic = match &spec.nic {
+        Some(n) => n.clone(),
+        None => match c.query(None)?.0.as_slice() {
+            [one] => one.name.clone(),
+            many => return Err(QmpError::Ambiguous(many.len())),
+        },
     };
     info!(
         "qmp {}: following NIC {nic} for port {}",
         spec.path.display(),
         port.id
     );
-    apply(port, &all, &nic);
-    loop {
-        let ev = c.read()?;
-        if is_our_event(&ev, &nic) {
-            // Querying re-arms the event; what changed meanwhile is in this answer.
-            let (infos, more) = c.query(Some(&nic))?;
-            apply(port, &infos, &nic);
-            if more.iter().any(|e| is_our_event(e, &nic)) {
-                let (infos, _) = c.query(Some(&nic))?;
-                apply(port, &infos, &nic);
-            }
-        }
-    }
+    c.follow(&nic, |infos| apply(port, infos, &nic))
 }
 
 fn apply(port: &GuestPort, infos: &[RxFilterInfo], nic: &str) {
@@ -278,6 +298,66 @@ mod tests {
             "/q,color=red".parse::<QmpSpec>(),
             Err(QmpSpecError::Syntax(_))
         ));
+    }
+
+    /// A QEMU that announces a change before the answer to the query that re-armed the
+    /// event, as its dispatcher can: the follower must query again, at start and after an
+    /// event, or its port keeps a table QEMU no longer has.
+    #[test]
+    fn an_event_that_comes_before_the_answer_is_followed() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // A follower that waits for an event that never comes fails the test, not hangs it.
+        for end in [&ours, &theirs] {
+            end.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        let info = |groups: &[&str]| {
+            json!([{
+                "promiscuous": false, "name": "nic0", "main-mac": "52:54:00:d0:aa:01",
+                "unicast": "normal", "multicast": "normal", "broadcast-allowed": false,
+                "multicast-overflow": false, "unicast-overflow": false, "unicast-table": [],
+                "multicast-table": groups
+            }])
+        };
+        let event = json!({"event": "NIC_RX_FILTER_CHANGED", "data": {"name": "nic0"}});
+        let qemu = thread::spawn(move || {
+            let mut w = theirs.try_clone().unwrap();
+            let mut r = BufReader::new(theirs);
+            let mut expect = |what: &str| {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                assert!(line.contains(what), "{line}");
+            };
+            writeln!(w, "{}", json!({"QMP": {"version": {}, "capabilities": []}})).unwrap();
+            expect("qmp_capabilities");
+            writeln!(w, "{}", json!({"return": {}})).unwrap();
+            // The first query: a change announced ahead of its answer.
+            expect("query-rx-filter");
+            writeln!(w, "{event}\n{}", json!({"return": info(&["01:00:5e:00:00:01"])})).unwrap();
+            expect("query-rx-filter");
+            writeln!(w, "{}", json!({"return": info(&["01:00:5e:00:00:02"])})).unwrap();
+            // An event, and again one ahead of the answer to the query it causes.
+            writeln!(w, "{event}").unwrap();
+            expect("query-rx-filter");
+            writeln!(w, "{event}\n{}", json!({"return": info(&["01:00:5e:00:00:03"])})).unwrap();
+            expect("query-rx-filter");
+            writeln!(w, "{}", json!({"return": info(&["01:00:5e:00:00:04"])})).unwrap();
+            // QEMU goes away: the follower returns.
+        });
+        let mut seen = Vec::new();
+        let mut c = Conn::greet(ours).unwrap();
+        let end = c.follow("nic0", |infos| seen.push(infos[0].multicast_table.clone()));
+        qemu.join().unwrap();
+        assert!(matches!(end, Err(QmpError::Closed)), "{end:?}");
+        let tables: Vec<_> = seen.iter().map(|t| t.join(",")).collect();
+        assert_eq!(
+            tables,
+            [
+                "01:00:5e:00:00:01",
+                "01:00:5e:00:00:02",
+                "01:00:5e:00:00:03",
+                "01:00:5e:00:00:04"
+            ]
+        );
     }
 
     #[test]
