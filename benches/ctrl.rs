@@ -5,7 +5,9 @@
 //! eviction) while polling the avail index, as the control thread does after a command. The
 //! time is the driver's, per command: what a join waits for, without TCG and QEMU around it.
 //! Two baselines, each in the same run as the daemon's way: serving without prefetching the
-//! next command's lines (`NextLines`), and applying a table set before answering it.
+//! next command's lines (`NextLines`), and applying a table set before answering it. The
+//! prefetch and the eviction are what a build with the `ctrl-cache-hints` feature does; a
+//! default build does neither, which the "no prefetch" baseline comes closest to.
 //!
 //! cargo bench --bench ctrl
 

@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dpaa_vnic::pipeline::router::Neighbours;
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
-use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
+use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::checksum::checksum;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
@@ -23,7 +23,7 @@ use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 struct Counter(AtomicU64);
 
 impl Egress for Counter {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
         self.0.fetch_add(pkt.frame.len() as u64, Ordering::Relaxed);
         tally.at(1, flow).tx_packets.inc();
     }
@@ -61,11 +61,13 @@ fn udp_frame(len: usize) -> Vec<u8> {
 /// rewrites the frame it routes, so each iteration starts from the same bytes).
 fn forward_from_port0(b: &mut criterion::Bencher<'_>, sw: &Switch, tally: &Tally, template: &[u8]) {
     let mut routes = RouteCache::default();
+    let mut bufs = Buffers::default();
     let mut from = Ingress {
         port: 0,
         queue: 0,
         tally,
         routes: &mut routes,
+        bufs: &mut bufs,
     };
     let mut frame = template.to_vec();
     b.iter(|| {
@@ -96,6 +98,7 @@ fn bench_forward(c: &mut Criterion) {
             }
             let tally = sw.tallies().register();
             let mut routes = RouteCache::default();
+            let mut bufs = Buffers::default();
             // Teach the switch where port 1's station is.
             let mut hello = udp_frame(64);
             hello[..6].copy_from_slice(&[0xff; 6]);
@@ -105,6 +108,7 @@ fn bench_forward(c: &mut Criterion) {
                 queue: 0,
                 tally: &tally,
                 routes: &mut routes,
+                bufs: &mut bufs,
             };
             sw.forward(
                 &mut from1,

@@ -38,7 +38,7 @@ struct Sink(Mutex<Vec<Vec<u8>>>);
 const BUG: [u8; 2] = [0xde, 0xad];
 
 impl Egress for Sink {
-    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
         assert!(pkt.frame.get(12..14) != Some(&BUG[..]), "a bug on the data path");
         self.0.lock().unwrap().push(pkt.frame.to_vec());
     }
@@ -128,6 +128,7 @@ fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: Virtio
                 hdr,
                 frame: &mut f.to_vec(),
             },
+            &mut Vec::new(),
         );
         rxq.used().idx().load() == 1
     });
@@ -259,6 +260,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
             hdr: VirtioNetHdr::default(),
             frame: &mut f,
         },
+        &mut Vec::new(),
     );
     let mut f3 = f.clone();
     r.port.send(
@@ -268,6 +270,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
             hdr: VirtioNetHdr::default(),
             frame: &mut f3,
         },
+        &mut Vec::new(),
     );
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
@@ -307,6 +310,7 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
             hdr: VirtioNetHdr::default(),
             frame: &mut report,
         },
+        &mut Vec::new(),
     );
     let s = r.port.stats()[0];
     assert_eq!((s.rx_packets, s.rx_filtered), (1, filtered + 1));
@@ -745,6 +749,7 @@ fn tso_frame_is_segmented_for_a_guest_without_guest_tso() {
                     hdr,
                     frame: &mut f.clone(),
                 },
+                &mut Vec::new(),
             );
         }
         rxq.used().idx().load() >= 3

@@ -12,7 +12,7 @@ use dpaa_vnic::device::rss::Steering;
 use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
-use dpaa_vnic::pipeline::{Egress, Ingress, Packet, Switch};
+use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
 use dpaa_vnic::ports::vhost_user::queue::{pop_tx, MAX_FRAME_DESCS};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
@@ -27,14 +27,14 @@ struct Check {
 }
 
 impl Egress for Check {
-    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
         assert!(
             EthernetFrame::new_checked(&*pkt.frame).is_ok(),
             "a runt reached a port"
         );
         assert!(self.rss.steer(pkt.frame).queue < 4);
         if self.segments && pkt.hdr.gso_type != 0 {
-            let _ = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |_, seg| {
+            let _ = gso::segment(&pkt.hdr, pkt.frame, segment, |_, seg| {
                 assert!(EthernetFrame::new_checked(&*seg).is_ok());
             });
         }
@@ -77,6 +77,7 @@ fuzz_target!(|data: &[u8]| {
     let sw = switch();
     let tally = sw.tallies().register();
     let mut routes = RouteCache::default();
+    let mut bufs = Buffers::default();
     let mut buf = vec![0u8; 65_600];
     for _ in 0..common::QSIZE {
         let Ok(Some(t)) = pop_tx(&mut q, &m, 12, &mut buf) else {
@@ -97,6 +98,7 @@ fuzz_target!(|data: &[u8]| {
             queue: 0,
             tally: &tally,
             routes: &mut routes,
+            bufs: &mut bufs,
         };
         sw.forward(&mut from, &mut pkt);
     }

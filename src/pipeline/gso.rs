@@ -34,21 +34,6 @@ pub enum GsoError {
     Ip(#[from] crate::wire::ip::IpError),
 }
 
-thread_local! {
-    /// Each worker's buffer for the segment being built: grows once, then is reused.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// [`segment`] with this thread's segment buffer: how a worker segments, allocation-free
-/// once the buffer has grown.
-pub fn segment_in_scratch(
-    hdr: &VirtioNetHdr,
-    frame: &[u8],
-    emit: impl FnMut(&VirtioNetHdr, &mut [u8]),
-) -> Result<usize, GsoError> {
-    super::with_buffer(&SCRATCH, |buf| segment(hdr, frame, buf, emit))
-}
-
 /// Most segments one TCP GSO frame may become: a 64 KiB frame cut at 64 bytes, the smallest
 /// TSO MSS of Intel's i40e and ice (below it their drivers fall back to software GSO). A
 /// benign 64 KiB frame at MSS 1448 makes 46; without a bound, `gso_size = 1` made ~65 000

@@ -1,11 +1,11 @@
 //! The in-process L2 switch that joins ports: unicast to the learned port, unknown unicast,
 //! broadcast and multicast flooded to every other port.
 
-use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use log::trace;
 
+use super::buffers::Buffers;
 use super::csum_action::{self, ActionVerdict, Dir};
 use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
@@ -24,8 +24,9 @@ pub struct Packet<'a> {
 /// Something a port can be sent to.
 pub trait Egress: Send + Sync {
     /// Hands one frame to the port. `flow` selects the queue; what happens to the frame is
-    /// counted in `tally`, the sending worker's own counters.
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>);
+    /// counted in `tally`, the sending worker's own counters. A port that must cut a GSO
+    /// frame into segments builds them in `segment`, the sending worker's buffer.
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>);
 }
 
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
@@ -35,6 +36,7 @@ pub struct Ingress<'a> {
     pub queue: usize,
     pub tally: &'a Tally,
     pub routes: &'a mut RouteCache,
+    pub bufs: &'a mut Buffers,
 }
 
 impl Ingress<'_> {
@@ -44,11 +46,14 @@ impl Ingress<'_> {
     }
 }
 
-/// Where a delivery is counted and which snapshot it follows.
+/// Where a delivery is counted, which snapshot it follows, and the sending worker's
+/// buffers for a copy and for segments.
 struct Out<'a> {
     rules: &'a Rules,
     tally: &'a Tally,
     flow: usize,
+    copy: &'a mut Vec<u8>,
+    segment: &'a mut Vec<u8>,
 }
 
 /// Where a frame went.
@@ -60,12 +65,6 @@ pub enum Forwarded {
     Dropped,
     /// The router took it: answered, learned from, or dropped with a reason it counted.
     Routed,
-}
-
-thread_local! {
-    /// A flooded frame that one port's egress actions rewrite is copied here first, so the
-    /// other ports get it as it entered. Grows once per thread, then is reused.
-    static EGRESS_COPY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 pub struct Switch {
@@ -175,10 +174,17 @@ impl Switch {
             from.stats().fdb_refused.inc();
         }
         let mut routed = false;
-        let out = Out {
+        let Buffers {
+            originated,
+            egress_copy,
+            segment,
+        } = &mut *from.bufs;
+        let mut out = Out {
             rules: &rules,
             tally: from.tally,
             flow: from.queue,
+            copy: egress_copy,
+            segment,
         };
         if rules.router.enabled() {
             let at = router::Lookup {
@@ -186,24 +192,23 @@ impl Switch {
                 neigh: &self.neigh,
                 generation: router::cache_generation(rules.generation(), self.neigh.generation()),
             };
-            let r = router::handle(&at, src, pkt.frame, from.routes, from.tally.at(src, from.queue));
+            let stats = from.tally.at(src, from.queue);
+            let r = router::handle(&at, src, pkt.frame, from.routes, originated, stats);
             if let Some((ip, mac)) = r.learn {
                 if self.neigh.learn(ip, mac, src) == NeighLearned::Refused {
-                    from.stats().neigh_refused.inc();
+                    stats.neigh_refused.inc();
                 }
             }
             match r.step {
                 Step::Switch => {}
                 Step::Done => return Forwarded::Routed,
                 Step::Emit { port } => {
-                    let mut frame = std::mem::take(&mut from.routes.scratch);
-                    self.send_to(&out, port, &mut frame);
-                    from.routes.scratch = frame;
+                    self.send_to(&mut out, port, originated);
                     return Forwarded::Routed;
                 }
                 Step::Bounce { port } => {
                     if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
-                        self.deliver(&out, port, &**p, pkt, false);
+                        self.deliver(&mut out, port, &**p, pkt, false);
                     }
                     return Forwarded::Routed;
                 }
@@ -220,7 +225,7 @@ impl Switch {
                     return Forwarded::Dropped;
                 }
                 if let Some(p) = self.ports.get(to).and_then(OnceLock::get) {
-                    self.deliver(&out, to, &**p, pkt, false);
+                    self.deliver(&mut out, to, &**p, pkt, false);
                     return Forwarded::Unicast(to);
                 }
             }
@@ -231,7 +236,7 @@ impl Switch {
         for (i, p) in self.ports.iter().enumerate() {
             if i != src {
                 if let Some(p) = p.get() {
-                    self.deliver(&out, i, &**p, pkt, Some(i) != last);
+                    self.deliver(&mut out, i, &**p, pkt, Some(i) != last);
                 }
             }
         }
@@ -239,7 +244,7 @@ impl Switch {
     }
 
     /// Sends a frame the switch originated (router replies) to one port.
-    fn send_to(&self, out: &Out<'_>, port: usize, frame: &mut [u8]) {
+    fn send_to(&self, out: &mut Out<'_>, port: usize, frame: &mut [u8]) {
         if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
             let mut pkt = Packet {
                 hdr: VirtioNetHdr::default(),
@@ -251,32 +256,30 @@ impl Switch {
 
     /// Sends to one port through its egress actions. `shared`: other ports get the same
     /// frame after this one, so actions work on a copy.
-    fn deliver(&self, out: &Out<'_>, id: usize, p: &dyn Egress, pkt: &mut Packet<'_>, shared: bool) {
+    fn deliver(&self, out: &mut Out<'_>, id: usize, p: &dyn Egress, pkt: &mut Packet<'_>, shared: bool) {
         let (tally, flow) = (out.tally, out.flow);
         let actions = out.rules.actions_for(id, Dir::Egress);
         if actions.is_empty() {
-            p.send(tally, flow, pkt);
+            p.send(tally, flow, pkt, out.segment);
             return;
         }
         // Counted on the egress port's queue, in the delivering worker's tally.
         let stats = tally.at(id, flow);
         if !shared {
             if apply(actions, pkt, stats) {
-                p.send(tally, flow, pkt);
+                p.send(tally, flow, pkt, out.segment);
             }
             return;
         }
-        super::with_buffer(&EGRESS_COPY, |buf| {
-            buf.clear();
-            buf.extend_from_slice(pkt.frame);
-            let mut copy = Packet {
-                hdr: pkt.hdr,
-                frame: buf,
-            };
-            if apply(actions, &mut copy, stats) {
-                p.send(tally, flow, &mut copy);
-            }
-        });
+        out.copy.clear();
+        out.copy.extend_from_slice(pkt.frame);
+        let mut copy = Packet {
+            hdr: pkt.hdr,
+            frame: out.copy,
+        };
+        if apply(actions, &mut copy, stats) {
+            p.send(tally, flow, &mut copy, out.segment);
+        }
     }
 }
 
@@ -292,7 +295,7 @@ mod tests {
     }
 
     impl Egress for Sink {
-        fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>) {
+        fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
             self.got.lock().unwrap().push(pkt.frame.to_vec());
         }
     }
@@ -313,11 +316,13 @@ mod tests {
         sinks
     }
 
-    /// One worker: its tally and its route cache, kept across the frames it forwards.
+    /// One worker: its tally, its route cache and its buffers, kept across the frames it
+    /// forwards.
     struct Worker<'a> {
         sw: &'a Switch,
         tally: TallyHandle,
         routes: RouteCache,
+        bufs: Buffers,
     }
 
     impl<'a> Worker<'a> {
@@ -326,6 +331,7 @@ mod tests {
                 sw,
                 tally: sw.tallies().register(),
                 routes: RouteCache::default(),
+                bufs: Buffers::default(),
             }
         }
 
@@ -335,6 +341,7 @@ mod tests {
                 queue: 0,
                 tally: &self.tally,
                 routes: &mut self.routes,
+                bufs: &mut self.bufs,
             };
             self.sw.forward(
                 &mut from,

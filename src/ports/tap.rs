@@ -14,7 +14,7 @@ use thiserror::Error;
 use super::WarnLimiter;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
-use crate::pipeline::{Egress, Ingress, Packet, Switch};
+use crate::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
 use crate::stats::{QueueSnapshot, QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN};
@@ -186,6 +186,7 @@ impl TapPort {
     fn read_loop(&self, q: usize) {
         let mut buf = vec![0u8; RX_BUF];
         let mut routes = RouteCache::default();
+        let mut bufs = Buffers::default();
         let tally = self.switch.tallies().register();
         let stats = tally.at(self.id, q);
         let mut f = &self.queues[q];
@@ -221,6 +222,7 @@ impl TapPort {
                 queue: q,
                 tally: &tally,
                 routes: &mut routes,
+                bufs: &mut bufs,
             };
             self.switch.forward(&mut from, &mut pkt);
         }
@@ -228,12 +230,12 @@ impl TapPort {
 }
 
 impl Egress for TapPort {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
         let q = flow % self.queues.len();
         let stats = tally.at(self.id, q);
         if !self.csum && pkt.hdr.gso_type != GSO_NONE {
             // No offloads on this tap: the host gets MSS-sized segments.
-            let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
+            let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
                 let mut p = Packet { hdr: *h, frame: seg };
                 self.write(stats, q, &mut p);
             });

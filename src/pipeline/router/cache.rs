@@ -15,13 +15,10 @@ struct CacheEntry {
 const SLOTS: usize = 256;
 
 /// One queue worker's cache of resolved routes: direct-mapped, owned by the worker (never
-/// shared, so never locked), emptied when the rules' generation changes. Also holds the
-/// worker's buffer for frames the router originates (ARP, ICMP), so they allocate nothing
-/// once warm.
+/// shared, so never locked), emptied when the rules' generation changes.
 pub struct RouteCache {
     generation: u64,
     slots: Box<[Option<CacheEntry>; SLOTS]>,
-    pub scratch: Vec<u8>,
 }
 
 impl Default for RouteCache {
@@ -29,7 +26,6 @@ impl Default for RouteCache {
         RouteCache {
             generation: 0,
             slots: Box::new([None; SLOTS]),
-            scratch: Vec::with_capacity(1536),
         }
     }
 }

@@ -19,7 +19,7 @@ pub enum Step {
     Switch,
     /// Handled or dropped (and counted); nothing to send.
     Done,
-    /// Send the frame the router built in `RouteCache::scratch` out of `port`.
+    /// Send the frame the router built in the worker's `Buffers::originated` out of `port`.
     Emit { port: usize },
     /// The frame was turned into an answer in place: send it back out of `port`.
     Bounce { port: usize },
@@ -42,13 +42,15 @@ impl Outcome {
 }
 
 /// Looks at one untagged frame that entered on `port`: ARP for the router's addresses and
-/// neighbours, neighbour discovery, and IP addressed to the router's MAC. Counters go to
-/// the ingress queue.
+/// neighbours, neighbour discovery, and IP addressed to the router's MAC. A frame the router
+/// originates (answer, request, error) is built into `out`. Counters go to the ingress
+/// queue.
 pub fn handle(
     at: &Lookup<'_>,
     port: usize,
     frame: &mut [u8],
     cache: &mut RouteCache,
+    out: &mut Vec<u8>,
     stats: &QueueStats,
 ) -> Outcome {
     let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
@@ -56,9 +58,9 @@ pub fn handle(
     };
     let to_router = eth.is_to(&ROUTER_MAC);
     match eth.ethertype() {
-        ETHERTYPE_ARP => ipv4::arp(at.table, port, frame, cache),
-        ETHERTYPE_IPV4 if to_router => Outcome::step(ipv4::route(at, port, frame, cache, stats)),
-        ETHERTYPE_IPV6 => ipv6::handle(at, port, to_router, frame, cache, stats),
+        ETHERTYPE_ARP => ipv4::arp(at.table, port, frame, out),
+        ETHERTYPE_IPV4 if to_router => Outcome::step(ipv4::route(at, port, frame, cache, out, stats)),
+        ETHERTYPE_IPV6 => ipv6::handle(at, port, to_router, frame, cache, out, stats),
         _ => Outcome::step(Step::Switch),
     }
 }
@@ -89,17 +91,19 @@ pub(super) trait Family {
     fn decrement_ttl(frame: &mut [u8]);
 }
 
-/// Forwards a packet sent to the router's MAC: the skeleton both IP versions share.
+/// Forwards a packet sent to the router's MAC: the skeleton both IP versions share. An
+/// error or a request it sends is built into `out`.
 pub(super) fn forward<F: Family>(
     at: &Lookup<'_>,
     port: usize,
     pkt: &F,
     frame: &mut [u8],
     cache: &mut RouteCache,
+    out: &mut Vec<u8>,
     stats: &QueueStats,
 ) -> Step {
-    let error = |frame: &[u8], cache: &mut RouteCache, e| {
-        if pkt.error(at.table, port, frame, &mut cache.scratch, e) {
+    let error = |frame: &[u8], out: &mut Vec<u8>, e| {
+        if pkt.error(at.table, port, frame, out, e) {
             Step::Emit { port }
         } else {
             Step::Done
@@ -115,27 +119,27 @@ pub(super) fn forward<F: Family>(
     }
     if pkt.ttl() <= 1 {
         stats.route_ttl_exceeded.inc();
-        return error(frame, cache, IcmpError::TimeExceeded);
+        return error(frame, out, IcmpError::TimeExceeded);
     }
     let mac = match cached_resolve(at, dst, cache, stats) {
         Resolution::Forward { mac, .. } => mac,
         Resolution::Unresolved {
             next_hop,
-            port: out,
+            port: hop_port,
             from,
         } => {
             // Ask, and drop this packet: the sender's retransmission finds the neighbour
             // (a router may drop while it resolves, RFC 1812 4.3.2.2).
             stats.route_unresolved.inc();
-            return if F::solicit(&mut cache.scratch, from, next_hop) {
-                Step::Emit { port: out }
+            return if F::solicit(out, from, next_hop) {
+                Step::Emit { port: hop_port }
             } else {
                 Step::Done
             };
         }
         Resolution::NoRoute => {
             stats.route_unreachable.inc();
-            return error(frame, cache, IcmpError::Unreachable);
+            return error(frame, out, IcmpError::Unreachable);
         }
     };
     if let Ok(mut eth) = EthernetFrame::new_checked(&mut *frame) {

@@ -18,7 +18,7 @@ use crate::wire::{EthernetFrame, MacAddr};
 
 /// ARP: answers requests for the router's addresses on `port`, takes replies sent to it,
 /// and learns the sender when it is a neighbour on that port.
-pub(super) fn arp(table: &RouteTable, port: usize, frame: &[u8], cache: &mut RouteCache) -> Outcome {
+pub(super) fn arp(table: &RouteTable, port: usize, frame: &[u8], out: &mut Vec<u8>) -> Outcome {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
         return Outcome::step(Step::Switch);
     };
@@ -30,7 +30,7 @@ pub(super) fn arp(table: &RouteTable, port: usize, frame: &[u8], cache: &mut Rou
     let target = IpAddr::V4(a.target_ip());
     let step = if a.op() == arp::OP_REQUEST && table.is_own_on(port, target) {
         arp::build(
-            &mut cache.scratch,
+            out,
             arp::OP_REPLY,
             smac,
             (ROUTER_MAC, a.target_ip()),
@@ -62,6 +62,7 @@ pub(super) fn route(
     port: usize,
     frame: &mut [u8],
     cache: &mut RouteCache,
+    out: &mut Vec<u8>,
     stats: &QueueStats,
 ) -> Step {
     let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
@@ -89,7 +90,7 @@ pub(super) fn route(
         src: p.src(),
         dst: p.dst(),
     };
-    forward(at, port, &pkt, frame, cache, stats)
+    forward(at, port, &pkt, frame, cache, out, stats)
 }
 
 impl V4 {

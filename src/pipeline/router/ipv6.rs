@@ -36,6 +36,7 @@ pub(super) fn handle(
     to_router: bool,
     frame: &mut [u8],
     cache: &mut RouteCache,
+    out: &mut Vec<u8>,
     stats: &QueueStats,
 ) -> Outcome {
     let table = at.table;
@@ -67,12 +68,12 @@ pub(super) fn handle(
         from_mac: eth.src(),
     };
     if let Some(n) = message.and_then(|m| ndp::parse_neighbour(pkt.hop_limit, m)) {
-        return neighbour(table, port, to_router, &pkt, &n, cache);
+        return neighbour(table, port, to_router, &pkt, &n, out);
     }
     if !to_router {
         return Outcome::step(Step::Switch);
     }
-    Outcome::step(forward(at, port, &pkt, frame, cache, stats))
+    Outcome::step(forward(at, port, &pkt, frame, cache, out, stats))
 }
 
 /// A neighbour solicitation or advertisement: answered when it asks for the router's
@@ -83,7 +84,7 @@ fn neighbour(
     to_router: bool,
     pkt: &V6,
     n: &ndp::NeighbourMessage,
-    cache: &mut RouteCache,
+    out: &mut Vec<u8>,
 ) -> Outcome {
     let src = pkt.src;
     if n.kind == ndp::NEIGHBOR_SOLICIT {
@@ -93,7 +94,7 @@ fn neighbour(
             .map(|mac| (IpAddr::V6(src), mac));
         // Duplicate address detection (source ::) is not for the router to answer.
         let step = if table.is_own_on(port, n.target.into()) && !src.is_unspecified() {
-            ndp::advert(&mut cache.scratch, ROUTER_MAC, &n.target, (pkt.from_mac, src));
+            ndp::advert(out, ROUTER_MAC, &n.target, (pkt.from_mac, src));
             Step::Emit { port }
         } else {
             Step::Switch

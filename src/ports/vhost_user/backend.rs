@@ -25,6 +25,7 @@ use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
+use crate::pipeline::Buffers;
 use crate::pipeline::{Ingress, Packet};
 use crate::stats::{QueueStats, TallyHandle};
 use crate::wire::virtio_net_hdr::GSO_NONE;
@@ -79,11 +80,13 @@ impl Drop for Session {
     }
 }
 
-/// What one worker thread owns: its frame buffer, its route cache, its counters. Only that thread
-/// locks it, so the lock is never contended.
+/// What one worker thread owns: the buffer its chains are read into, its route cache, the
+/// pipeline's buffers, its counters. Only that thread locks it, so the lock is never
+/// contended.
 struct Worker {
     buf: Vec<u8>,
     routes: RouteCache,
+    bufs: Buffers,
     /// This thread's counters (registered with the switch, summed on read, folded into the
     /// port's totals when the connection ends).
     tally: TallyHandle,
@@ -151,6 +154,7 @@ impl VnicBackend {
                 Mutex::new(Worker {
                     buf: Vec::new(),
                     routes: RouteCache::default(),
+                    bufs: Buffers::default(),
                     tally: port.switch.tallies().register(),
                     next_ctrl: NextLines::default(),
                     ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, tuning.wake_priority),
@@ -298,7 +302,11 @@ impl VnicBackend {
         let mem = self.0.mem.memory();
         let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
         let Worker {
-            buf, routes, tally, ..
+            buf,
+            routes,
+            bufs,
+            tally,
+            ..
         } = &mut *worker;
         let stats = tally.at(port.id, pair);
         if buf.len() < TX_BUF {
@@ -344,6 +352,7 @@ impl VnicBackend {
                                 queue: pair,
                                 tally,
                                 routes: &mut *routes,
+                                bufs: &mut *bufs,
                             };
                             port.switch.forward(&mut from, &mut pkt);
                         });

@@ -410,6 +410,7 @@ impl GuestPort {
         let mut query = |build: &dyn Fn(&mut Vec<u8>)| {
             frame.clear();
             build(&mut frame);
+            // A query is never a GSO frame: the segment buffer stays empty.
             self.deliver(
                 &self.query_tally,
                 0,
@@ -417,6 +418,7 @@ impl GuestPort {
                     hdr: Default::default(),
                     frame: &mut frame,
                 },
+                &mut Vec::new(),
             )
         };
         let v4 = query(&|f| mcast_report::igmp_general_query(igmp_ds, f));

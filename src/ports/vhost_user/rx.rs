@@ -28,15 +28,21 @@ use crate::wire::virtio_net_hdr::{
 use crate::wire::MacAddr;
 
 impl Egress for GuestPort {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) {
-        self.deliver(tally, flow, pkt);
+    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
+        self.deliver(tally, flow, pkt, segment);
     }
 }
 
 impl GuestPort {
     /// `Egress::send`, telling whether the frame (or every segment of it) was written into
     /// the guest's receive ring.
-    pub(super) fn deliver(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>) -> bool {
+    pub(super) fn deliver(
+        &self,
+        tally: &Tally,
+        flow: usize,
+        pkt: &mut Packet<'_>,
+        segment: &mut Vec<u8>,
+    ) -> bool {
         // A snooping switch passes membership reports to routers only (RFC 4541 2.1.1): an
         // IGMPv2 or MLDv1 guest that heard another's report for its group would stay
         // silent, and its own filter would never learn the group.
@@ -86,7 +92,7 @@ impl GuestPort {
         if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
             // The guest cannot take this GSO frame whole: segment it here, once.
             let mut all = true;
-            let res = gso::segment_in_scratch(&pkt.hdr, pkt.frame, |h, seg| {
+            let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
                 let mut h = *h;
                 all &= self.push_frame(&dest, &mut h, seg);
             });

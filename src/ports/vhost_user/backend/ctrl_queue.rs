@@ -33,6 +33,12 @@ use crate::device::ctrl::{CtrlOutcome, ValidCommand, ACK_ERR, ACK_OK};
 use crate::device::features::Negotiated;
 use crate::device::NicState;
 
+/// The cache hints of `evict.rs` (flush a returned command's tables, prefetch the next
+/// command's lines) are compiled in with the `ctrl-cache-hints` feature only: they were
+/// measured under TCG alone (docs/benchmarks.md, "Closing in on the in-process answer"), and
+/// a default build does nothing a KVM host has not been shown to gain from.
+const CACHE_HINTS: bool = cfg!(feature = "ctrl-cache-hints");
+
 /// Control commands served per wake-up before the thread goes back to its event loop (and
 /// so notices a disconnect), as `TX_BUDGET` is for chains; each may be a table of 64 Ki
 /// entries.
@@ -192,7 +198,9 @@ impl VnicBackend {
             // off, so the guest does not even exit to kick) saves a wake-up per command.
             let poll = served || std::mem::take(&mut resumed);
             if poll && self.poll_avail(vring, &mem, window) {
-                next_ctrl.prefetch(&*mem);
+                if CACHE_HINTS {
+                    next_ctrl.prefetch(&*mem);
+                }
                 continue;
             }
             // With EVENT_IDX this publishes avail_event: without it the driver would never
@@ -313,10 +321,12 @@ impl VnicBackend {
             }
         }
         drop(nic);
-        let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
-        next.note(desc, desc.and_then(|d| indirect_table(&**mem, d)), ack_addr);
-        // After the used entry, off the path the guest is waiting on.
-        evict.evict(&**mem);
+        if CACHE_HINTS {
+            let desc = GuestAddress(q.desc_table()).checked_add(16 * u64::from(head));
+            next.note(desc, desc.and_then(|d| indirect_table(&**mem, d)), ack_addr);
+            // After the used entry, off the path the guest is waiting on.
+            evict.evict(&**mem);
+        }
         port.ctrl_stats.ctrl_busy_ns.add(t0.elapsed().as_nanos() as u64);
         Ok(true)
     }
