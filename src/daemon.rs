@@ -1,7 +1,8 @@
 //! The daemon's lifecycle: [`start`] builds the switch and every port from a [`Config`],
 //! binds their sockets, opens the tap, and starts the control socket, the metrics endpoint,
-//! the QMP followers and the snoop clock; the [`Running`] it returns removes the sockets it
-//! created when dropped, on a start that fails halfway as on a clean exit.
+//! the QMP followers and the snoop clock. Dropping the [`Running`] it returns (or a start
+//! that fails halfway) stops every thread in order, joins them, removes the sockets it
+//! bound and closes the taps.
 
 use std::io;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use log::info;
+use log::{info, warn};
 use thiserror::Error;
 
 use crate::config::Config;
@@ -23,6 +24,7 @@ use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
 use crate::ports::tap::{TapError, TapPort};
 use crate::ports::vhost_user::{FilterConfig, GuestPort, VhostPortError};
+use crate::stop::{self, Stop, Stoppable};
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -46,22 +48,35 @@ pub enum StartError {
     },
 }
 
-/// A started daemon. Its threads serve until the process ends; dropping it removes the
-/// sockets this process bound (never another daemon's: binding refuses a live socket).
-pub struct Running {
-    daemon: Arc<Daemon>,
+/// How long the threads are given to end once woken, all groups together: well within
+/// what a service manager waits after SIGTERM (systemd: 90 s; the guest tests: 10 s).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
+/// What a start has set going so far. Dropping it stops everything in order: the servers
+/// (control socket, metrics, QMP followers, snoop clock), then the guest ports (each ends
+/// its frontend's connection and joins its vhost-user workers), then the tap readers; then
+/// it removes the sockets this process bound (never another daemon's: binding refuses a
+/// live socket). Taps close when the last thread holding them has ended.
+#[derive(Default)]
+struct Started {
+    stop: Stop,
     owned: Vec<PathBuf>,
+    servers: Vec<Stoppable>,
+    ports: Vec<Stoppable>,
+    taps: Vec<Stoppable>,
 }
 
-impl Running {
-    /// What the control socket and the metrics endpoint see: the ports and the switch.
-    pub fn daemon(&self) -> &Arc<Daemon> {
-        &self.daemon
-    }
-}
-
-impl Drop for Running {
+impl Drop for Started {
     fn drop(&mut self) {
+        self.stop.request();
+        let deadline = Instant::now() + STOP_WITHIN;
+        let mut late = 0;
+        for group in [&mut self.servers, &mut self.ports, &mut self.taps] {
+            late += stop::stop_all(std::mem::take(group), deadline);
+        }
+        if late > 0 {
+            warn!("{late} thread(s) did not stop in time");
+        }
         for p in &self.owned {
             // Gone already (removed by hand) is fine; nothing else is worth reporting on exit.
             let _ = std::fs::remove_file(p);
@@ -69,24 +84,46 @@ impl Drop for Running {
     }
 }
 
-fn spawn(what: impl Into<String>, r: io::Result<()>) -> Result<(), StartError> {
-    r.map_err(|source| StartError::Spawn {
-        what: what.into(),
-        source,
-    })
+/// A started daemon. Dropping it stops every thread it started, in order, and removes the
+/// sockets it bound.
+pub struct Running {
+    daemon: Arc<Daemon>,
+    started: Started,
 }
 
-/// Starts everything `cfg` asks for. On an error, what was bound so far is removed.
+impl Running {
+    /// What the control socket and the metrics endpoint see: the ports and the switch.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        &self.daemon
+    }
+
+    /// Threads started and not yet stopped (each guest port, tap queue reader and server;
+    /// not the per-connection threads these start).
+    pub fn threads(&self) -> usize {
+        let s = &self.started;
+        s.servers.len() + s.ports.len() + s.taps.len()
+    }
+}
+
+fn spawned(
+    what: impl Into<String>,
+    r: io::Result<Stoppable>,
+    into: &mut Vec<Stoppable>,
+) -> Result<(), StartError> {
+    let t = r.map_err(|source| StartError::Spawn {
+        what: what.into(),
+        source,
+    })?;
+    into.push(t);
+    Ok(())
+}
+
+/// Starts everything `cfg` asks for. On an error, what was started is stopped and what was
+/// bound is removed.
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
-    let mut running = Running {
-        daemon: Arc::new(Daemon {
-            ports: Vec::new(),
-            switch: Arc::new(switch(cfg)),
-            refused: Default::default(),
-        }),
-        owned: Vec::new(),
-    };
-    let switch = running.daemon.switch.clone();
+    let mut started = Started::default();
+    let stop = started.stop.clone();
+    let switch = Arc::new(switch(cfg));
     let mut ports = Vec::new();
     let mut guests = Vec::new();
     let mut listeners = Vec::new();
@@ -95,7 +132,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         let listener = port
             .bind(cfg.socket_access)
             .map_err(|source| StartError::Port { port: id, source })?;
-        running.owned.push(g.socket.clone());
+        started.owned.push(g.socket.clone());
         switch.attach(id, port.clone());
         ports.push(PortRef::Guest(port.clone()));
         guests.push(port.clone());
@@ -114,38 +151,49 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
             .map_err(StartError::Tap)?,
         );
         switch.attach(id, tap.clone());
-        tap.start().map_err(StartError::Tap)?;
+        tap.start(&stop, &mut started.taps).map_err(StartError::Tap)?;
         ports.push(PortRef::Tap(tap));
     }
-    running.daemon = Arc::new(Daemon {
+    let daemon = Arc::new(Daemon {
         ports,
-        switch: switch.clone(),
+        switch,
         refused: Default::default(),
     });
-    let daemon = running.daemon.clone();
     if let Some(path) = &cfg.control {
-        ControlServer::new(daemon.clone())
-            .start(path, cfg.socket_access)
+        let t = ControlServer::new(daemon.clone())
+            .start(path, cfg.socket_access, &stop)
             .map_err(StartError::Control)?;
-        running.owned.push(path.clone());
+        started.owned.push(path.clone());
+        started.servers.push(t);
     }
     if let Some(addr) = cfg.metrics {
-        metrics::serve(addr, daemon.clone()).map_err(StartError::Metrics)?;
+        let (_, t) = metrics::serve(addr, daemon.clone(), &stop).map_err(StartError::Metrics)?;
+        started.servers.push(t);
     }
     for (port, listener) in listeners {
-        let id = port.id;
+        let (id, stop) = (port.id, stop.clone());
+        let waker = port.clone();
         let r = thread::Builder::new()
             .name(format!("vnic-port{id}"))
-            .spawn(move || port.serve(listener));
-        spawn(format!("port {id}"), r.map(drop))?;
+            .spawn(move || port.serve(listener, stop))
+            .map(|h| Stoppable::new(format!("port {id}"), h, move || waker.wake()));
+        spawned(format!("port {id}"), r, &mut started.ports)?;
     }
     for spec in &cfg.qmp {
         if let Some(port) = guests.iter().find(|g| g.id == spec.port) {
-            spawn("QMP follower", qmp::spawn(spec.clone(), port.clone()))?;
+            spawned(
+                "QMP follower",
+                qmp::spawn(spec.clone(), port.clone(), &stop),
+                &mut started.servers,
+            )?;
         }
     }
     if let Some(timeout) = cfg.snoop {
-        spawn("snoop timer", spawn_snoop_clock(guests, timeout))?;
+        spawned(
+            "snoop timer",
+            spawn_snoop_clock(guests, timeout, &stop),
+            &mut started.servers,
+        )?;
     }
     info!(
         "dpaa-vnic serving {} guest port(s){} with {} queue pair(s)",
@@ -156,7 +204,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
             .unwrap_or_default(),
         cfg.queue_pairs
     );
-    Ok(running)
+    Ok(Running { daemon, started })
 }
 
 /// The switch with the rules, queues and limits `cfg` sets.
@@ -196,18 +244,24 @@ fn guest_port(
 /// The snooper's clock (`--snoop`): audits of each guest's state after its reports go
 /// quiet (device/snoop.rs), and with `--snoop-timeout` the expiry of unrefreshed groups and
 /// the periodic general queries that refresh them.
-fn spawn_snoop_clock(guests: Vec<Arc<GuestPort>>, timeout: Option<Duration>) -> io::Result<()> {
+fn spawn_snoop_clock(
+    guests: Vec<Arc<GuestPort>>,
+    timeout: Option<Duration>,
+    stop: &Stop,
+) -> io::Result<Stoppable> {
     // Queries every third of the timeout make the guests report what they hold before it
     // runs out. Linux answers an MLD general query after a random delay up to the query's
     // Max Resp, and a new query draws that delay again (IGMP keeps the earlier one). With a
     // window as long as the interval, a late draw is pushed past the next query, and a few
     // in a row let every group expire at once: half the interval leaves room.
     let every = timeout.map(|t| (t / 3).max(Duration::from_secs(1)));
+    let stop = stop.clone();
     thread::Builder::new()
         .name("vnic-snoop-timer".into())
         .spawn(move || {
             let mut next_query = Instant::now();
-            loop {
+            // Sees a stop within one tick.
+            while !stop.requested() {
                 thread::sleep(Duration::from_millis(250));
                 let now = Instant::now();
                 for g in &guests {
@@ -221,5 +275,5 @@ fn spawn_snoop_clock(guests: Vec<Arc<GuestPort>>, timeout: Option<Duration>) -> 
                 }
             }
         })
-        .map(drop)
+        .map(|h| Stoppable::polling("snoop timer", h))
 }

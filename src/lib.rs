@@ -9,8 +9,8 @@
 //! - [`daemon`]: starts all of it from a [`config::Config`] and removes what it bound when
 //!   dropped (`main.rs` only parses arguments and waits for a signal).
 //!
-//! Shared by every layer: [`stats`] (per-thread counters) and [`unix_socket`] (listening
-//! sockets created with the access asked for).
+//! Shared by every layer: [`stats`] (per-thread counters), [`unix_socket`] (listening
+//! sockets created with the access asked for) and [`stop`] (how threads end).
 
 pub mod config;
 pub mod control;
@@ -20,5 +20,6 @@ pub mod logging;
 pub mod pipeline;
 pub mod ports;
 pub mod stats;
+pub mod stop;
 pub mod unix_socket;
 pub mod wire;

@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Serves until SIGINT or SIGTERM; the sockets it bound are removed on the way out.
+/// Serves until SIGINT or SIGTERM, then stops every thread in order (daemon.rs).
 fn run(cfg: &Config) -> ExitCode {
     log::debug!("configuration: {cfg:?}");
     // A frontend that truncates its memory file under a mapping must not kill every port.
@@ -71,6 +71,8 @@ fn run(cfg: &Config) -> ExitCode {
     if let Some(sig) = signals.forever().next() {
         info!("signal {sig}: shutting down");
     }
+    // Stops the threads in order and joins them, removes the sockets, closes the taps.
     drop(running);
+    info!("stopped");
     ExitCode::SUCCESS
 }

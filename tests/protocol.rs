@@ -96,7 +96,7 @@ fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
     switch.attach(1, sink.clone());
     let listener = port.bind(Default::default()).unwrap();
     let p = port.clone();
-    thread::spawn(move || p.serve(listener));
+    thread::spawn(move || p.serve(listener, dpaa_vnic::stop::Stop::default()));
     Rig {
         _dir: dir,
         path,

@@ -3,17 +3,18 @@
 //! client can hold a thread, a slot or memory for long.
 
 use std::io::{self, Read};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::thread;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use log::warn;
 use thiserror::Error;
 
 use crate::ports::WarnLimiter;
+use crate::stop::Stop;
 
 /// A cap on connections served at once. A connection holds a [`Slot`] until it ends.
 #[derive(Debug)]
@@ -59,22 +60,36 @@ impl Drop for Slot {
     }
 }
 
-/// Accepts clients for as long as `incoming` yields them: each gets a thread of its own
-/// (named `thread_name`) holding a slot of `max`; one over the cap is handed to `refuse` on
-/// the accepting thread. `server` names the server in log lines, which come at most once a
+/// Accepts clients until `stop` is requested (the waker then connects once, so that a
+/// waiting accept returns) or `incoming` ends: each gets a thread of its own (named
+/// `thread_name`) holding a slot of `max`; one over the cap is handed to `refuse` on the
+/// accepting thread. `server` names the server in log lines, which come at most once a
 /// second. A failed accept (out of descriptors) pauses the loop instead of spinning it.
-pub fn accept_loop<S: Send + 'static>(
+/// On a stop it hangs up on the clients still connected and returns once their threads
+/// have ended.
+pub fn accept_loop<S: Client>(
     server: &str,
     thread_name: &str,
     incoming: impl Iterator<Item = io::Result<S>>,
     max: usize,
     refuse: impl Fn(S),
     serve: impl Fn(S) + Send + Sync + 'static,
+    stop: &Stop,
 ) {
     let slots = Slots::new(max);
     let serve = Arc::new(serve);
     let warn_limit = WarnLimiter::default();
+    // The client threads: at most `max` running, plus those that ended since the last
+    // accept. A second handle on each connection still open, to hang up on at a stop; a
+    // client's thread takes its own out when it ends, so no descriptor outlives its client.
+    let mut clients: Vec<JoinHandle<()>> = Vec::new();
+    let open: Arc<Mutex<Vec<(u64, S)>>> = Arc::default();
+    let mut next_id = 0u64;
     for conn in incoming {
+        if stop.requested() {
+            break;
+        }
+        clients.retain(|c| !c.is_finished());
         let s = match conn {
             Ok(s) => s,
             Err(e) => {
@@ -92,18 +107,40 @@ pub fn accept_loop<S: Send + 'static>(
             refuse(s);
             continue;
         };
-        let serve = serve.clone();
+        let id = next_id;
+        next_id += 1;
+        if let Ok(h) = s.handle() {
+            lock(&open).push((id, h));
+        }
+        let (serve, mine) = (serve.clone(), open.clone());
         let spawned = thread::Builder::new().name(thread_name.into()).spawn(move || {
             let _slot = slot;
             serve(s);
+            lock(&mine).retain(|(i, _)| *i != id);
         });
-        if let Err(e) = spawned {
-            if warn_limit.allow() {
-                warn!("{server}: cannot spawn a client thread: {e}");
+        match spawned {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                lock(&open).retain(|(i, _)| *i != id);
+                if warn_limit.allow() {
+                    warn!("{server}: cannot spawn a client thread: {e}");
+                }
             }
         }
     }
-    warn!("{server}: no more clients accepted");
+    if !stop.requested() {
+        warn!("{server}: no more clients accepted");
+    }
+    for (_, s) in lock(&open).iter() {
+        s.hang_up();
+    }
+    for c in clients {
+        let _ = c.join();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why a request could not be read whole.
@@ -130,6 +167,32 @@ pub struct Limits {
     pub idle: Duration,
     /// How long a request may take from its first byte to its terminator.
     pub request: Duration,
+}
+
+/// A client connection the accepting thread can hang up on when the daemon stops.
+pub trait Client: Sized + Send + 'static {
+    /// A second handle on the same connection.
+    fn handle(&self) -> io::Result<Self>;
+    /// Ends the connection: the client's thread, blocked reading it, returns.
+    fn hang_up(&self);
+}
+
+impl Client for UnixStream {
+    fn handle(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn hang_up(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+impl Client for TcpStream {
+    fn handle(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn hang_up(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
 }
 
 /// A stream whose reads can be given a timeout.

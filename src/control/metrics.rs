@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
@@ -21,6 +21,7 @@ use thiserror::Error;
 use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, StatsView};
 use super::Daemon;
+use crate::stop::{Stop, Stoppable};
 
 /// Scrapes served at once; one more gets 503.
 pub const MAX_CLIENTS: usize = 8;
@@ -94,19 +95,36 @@ pub fn render(stats: &StatsView) -> String {
     out
 }
 
-/// Serves `/metrics` from a background thread until the process exits.
-pub fn serve(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<SocketAddr, MetricsError> {
+/// Serves `/metrics` from a background thread until `stop` is requested; returns the
+/// address bound (`addr` may ask for any port) and the thread.
+pub fn serve(
+    addr: SocketAddr,
+    daemon: Arc<Daemon>,
+    stop: &Stop,
+) -> Result<(SocketAddr, Stoppable), MetricsError> {
     let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
     info!("metrics at http://{bound}/metrics");
-    thread::Builder::new()
+    let stop = stop.clone();
+    let handle = thread::Builder::new()
         .name("vnic-metrics".into())
-        .spawn(move || accept_loop(listener, daemon))
+        .spawn(move || accept_loop(listener, daemon, &stop))
         .map_err(MetricsError::Spawn)?;
-    Ok(bound)
+    // Bound to every address: the waker knocks on loopback.
+    let mut knock = bound;
+    if knock.ip().is_unspecified() {
+        knock.set_ip(match bound {
+            SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let wake = move || {
+        let _ = TcpStream::connect_timeout(&knock, Duration::from_secs(1));
+    };
+    Ok((bound, Stoppable::new("metrics", handle, wake)))
 }
 
-fn accept_loop(listener: TcpListener, daemon: Arc<Daemon>) {
+fn accept_loop(listener: TcpListener, daemon: Arc<Daemon>, stop: &Stop) {
     let d = daemon.clone();
     bounded::accept_loop(
         "metrics",
@@ -124,6 +142,7 @@ fn accept_loop(listener: TcpListener, daemon: Arc<Daemon>) {
                 debug!("metrics client: {e}");
             }
         },
+        stop,
     );
 }
 

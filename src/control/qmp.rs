@@ -5,6 +5,7 @@
 //! reports overflow, which the filter treats as allmulti / alluni.
 
 use std::io::{self, BufRead, BufReader, Write};
+use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -19,6 +20,7 @@ use thiserror::Error;
 
 use crate::device::{RxMode, RxState};
 use crate::ports::vhost_user::GuestPort;
+use crate::stop::{Current, Stop, Stoppable};
 use crate::wire::MacAddr;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -131,10 +133,6 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(spec: &QmpSpec) -> Result<Conn, QmpError> {
-        Conn::greet(UnixStream::connect(&spec.path).map_err(QmpError::Io)?)
-    }
-
     /// Reads QEMU's greeting and leaves capabilities negotiation (no event comes before).
     fn greet(s: UnixStream) -> Result<Conn, QmpError> {
         let mut c = Conn {
@@ -215,14 +213,16 @@ fn is_our_event(ev: &Value, nic: &str) -> bool {
             .is_none_or(|n| n == nic)
 }
 
-/// Follows one QEMU's NIC for as long as the daemon runs, reconnecting when QEMU restarts.
-pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>) -> io::Result<()> {
-    thread::Builder::new()
+/// Follows one QEMU's NIC until `stop` is requested, reconnecting when QEMU restarts.
+pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>, stop: &Stop) -> io::Result<Stoppable> {
+    let conn = Arc::new(Current::<UnixStream>::default());
+    let (stop, current) = (stop.clone(), conn.clone());
+    let handle = thread::Builder::new()
         .name(format!("vnic-qmp{}", spec.port))
         .spawn(move || {
             let mut last_err = String::new();
-            loop {
-                match follow(&spec, &port) {
+            while !stop.requested() {
+                match follow(&spec, &port, &current, &stop) {
                     Ok(()) => {}
                     Err(e) => {
                         let msg = crate::ports::vhost_user::error_chain(&e);
@@ -238,14 +238,29 @@ pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>) -> io::Result<()> {
                         }
                     }
                 }
+                current.clear();
                 thread::sleep(Duration::from_millis(200));
             }
         })?;
-    Ok(())
+    Ok(Stoppable::new("QMP follower", handle, move || {
+        conn.with(|s| {
+            let _ = s.shutdown(Shutdown::Both);
+        })
+    }))
 }
 
-fn follow(spec: &QmpSpec, port: &GuestPort) -> Result<(), QmpError> {
-    let mut c = Conn::open(spec)?;
+fn follow(
+    spec: &QmpSpec,
+    port: &GuestPort,
+    current: &Current<UnixStream>,
+    stop: &Stop,
+) -> Result<(), QmpError> {
+    let s = UnixStream::connect(&spec.path).map_err(QmpError::Io)?;
+    // Registered before the greeting: a QEMU that never greets cannot hold up a stop.
+    if !current.set(s.try_clone().map_err(QmpError::Io)?, stop) {
+        return Ok(());
+    }
+    let mut c = Conn::greet(s)?;
     let nic = match &spec.nic {
         Some(n) => n.clone(),
         None => match c.query(None)?.0.as_slice() {

@@ -24,6 +24,7 @@ use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::Route;
 use crate::pipeline::rules::{NamesPort, Rules};
 use crate::pipeline::Switch;
+use crate::stop::{Stop, Stoppable};
 use crate::unix_socket::{self, SocketAccess, SocketError};
 
 /// Control clients served at once; one more is told so and closed.
@@ -79,19 +80,22 @@ impl ControlServer {
     }
 
     /// Binds `path` (replacing a stale socket, never anything else) with `access`, and
-    /// serves it from a background thread.
-    pub fn start(&self, path: &Path, access: SocketAccess) -> Result<(), ControlError> {
+    /// serves it from a background thread until `stop` is requested.
+    pub fn start(&self, path: &Path, access: SocketAccess, stop: &Stop) -> Result<Stoppable, ControlError> {
         let listener = unix_socket::bind(path, access).map_err(ControlError::Bind)?;
-        let daemon = self.daemon.clone();
-        thread::Builder::new()
+        let (daemon, stop) = (self.daemon.clone(), stop.clone());
+        let handle = thread::Builder::new()
             .name("vnic-control".into())
-            .spawn(move || accept_loop(listener, daemon))
+            .spawn(move || accept_loop(listener, daemon, &stop))
             .map_err(ControlError::Spawn)?;
-        Ok(())
+        let path = path.to_path_buf();
+        Ok(Stoppable::new("control socket", handle, move || {
+            let _ = UnixStream::connect(&path);
+        }))
     }
 }
 
-fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
+fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>, stop: &Stop) {
     let d = daemon.clone();
     bounded::accept_loop(
         "control",
@@ -109,6 +113,7 @@ fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
                 debug!("control client: {e}");
             }
         },
+        stop,
     );
 }
 

@@ -5,17 +5,21 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread;
 
 use log::{debug, info, trace, warn};
 use thiserror::Error;
 
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
 use super::WarnLimiter;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
-use crate::stats::{QueueSnapshot, QueueStats, Tally};
+use crate::stats::{QueueSnapshot, QueueStats, Tallies, Tally};
+use crate::stop::{Stop, Stoppable};
 use crate::wire::checksum::complete_partial;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN};
 
@@ -25,6 +29,9 @@ const TAP_FLAGS: libc::c_short = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VN
 const TAP_MULTI_QUEUE: libc::c_short = libc::IFF_MULTI_QUEUE as libc::c_short;
 
 const RX_BUF: usize = HDR_LEN + 65_550;
+/// Epoll tokens of a reader: its queue, and the stop wake-up.
+const QUEUE: u64 = 0;
+const WAKE: u64 = 1;
 
 #[derive(Debug, Error)]
 pub enum TapError {
@@ -41,6 +48,8 @@ pub enum TapError {
     },
     #[error("spawning tap reader")]
     Spawn(#[source] io::Error),
+    #[error("tap reader wake-up (eventfd, epoll)")]
+    Wake(#[source] io::Error),
 }
 
 #[repr(C)]
@@ -54,10 +63,16 @@ pub struct TapPort {
     pub id: usize,
     pub name: String,
     queues: Vec<File>,
-    switch: Arc<Switch>,
+    /// The switch this port is attached to, which holds the port: a strong reference here
+    /// would make a cycle that keeps the tap open after the daemon stops. Each reader holds
+    /// it while it runs.
+    switch: Weak<Switch>,
+    tallies: Arc<Tallies>,
     warn: WarnLimiter,
     /// Partial checksums may be written as they are (`--tap-csum on`).
     csum: bool,
+    /// Written once to stop: every reader waits on it beside its queue.
+    wake: EventFd,
 }
 
 fn ioctl(
@@ -101,7 +116,10 @@ impl TapPort {
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .custom_flags(libc::O_CLOEXEC)
+                // Non-blocking: a reader that finds its queue empty waits in epoll, where a
+                // stop can wake it too. A tap write never waits anyway (the tun socket's
+                // send buffer is unlimited unless TUNSETSNDBUF says otherwise).
+                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
                 .open("/dev/net/tun")
                 .map_err(TapError::Open)?;
             let mut req = IfReq {
@@ -160,40 +178,79 @@ impl TapPort {
             id,
             name: name.to_string(),
             queues: files,
-            switch,
+            tallies: switch.tallies().clone(),
+            switch: Arc::downgrade(&switch),
             warn: WarnLimiter::default(),
             csum,
+            wake: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(TapError::Wake)?,
         })
     }
 
     /// Counters per queue, summed over every worker that counted for this port.
     pub fn stats(&self) -> Vec<QueueSnapshot> {
-        self.switch.tallies().port(self.id)
+        self.tallies.port(self.id)
     }
 
-    /// Starts one reader thread per queue: frames the host sends into the tap enter the switch.
-    pub fn start(self: &Arc<Self>) -> Result<(), TapError> {
+    /// Starts one reader thread per queue: frames the host sends into the tap enter the
+    /// switch. Each thread is added to `threads` as it starts; it returns once `stop` is
+    /// requested and [`TapPort::wake`] has run.
+    pub fn start(self: &Arc<Self>, stop: &Stop, threads: &mut Vec<Stoppable>) -> Result<(), TapError> {
         for q in 0..self.queues.len() {
-            let me = self.clone();
-            thread::Builder::new()
+            let epoll = Epoll::new().map_err(TapError::Wake)?;
+            for (fd, token) in [(self.queues[q].as_raw_fd(), QUEUE), (self.wake.as_raw_fd(), WAKE)] {
+                epoll
+                    .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+                    .map_err(TapError::Wake)?;
+            }
+            let (me, stop) = (self.clone(), stop.clone());
+            let handle = thread::Builder::new()
                 .name(format!("vnic-tap{}-q{q}", self.id))
-                .spawn(move || me.read_loop(q))
+                .spawn(move || me.read_loop(q, &epoll, &stop))
                 .map_err(TapError::Spawn)?;
+            let me = self.clone();
+            threads.push(Stoppable::new(
+                format!("tap {} queue {q}", self.name),
+                handle,
+                move || me.wake(),
+            ));
         }
         Ok(())
     }
 
-    fn read_loop(&self, q: usize) {
+    /// Wakes every reader waiting for its queue (level-triggered: the event stays set).
+    pub fn wake(&self) {
+        let _ = self.wake.write(1);
+    }
+
+    fn read_loop(&self, q: usize, epoll: &Epoll, stop: &Stop) {
+        let Some(switch) = self.switch.upgrade() else {
+            return; // The daemon is stopping.
+        };
         let mut buf = vec![0u8; RX_BUF];
         let mut routes = RouteCache::default();
         let mut bufs = Buffers::default();
-        let tally = self.switch.tallies().register();
+        let tally = switch.tallies().register();
         let stats = tally.at(self.id, q);
         let mut f = &self.queues[q];
-        loop {
+        let mut events = [EpollEvent::default(); 2];
+        while !stop.requested() {
             let n = match f.read(&mut buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    match epoll.wait(-1, &mut events) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            warn!(
+                                "tap {}: waiting on queue {q} failed, reader stops: {e}",
+                                self.name
+                            );
+                            return;
+                        }
+                    }
+                    continue;
+                }
                 Err(e) => {
                     warn!("tap {}: read on queue {q} failed, reader stops: {e}", self.name);
                     return;
@@ -224,7 +281,7 @@ impl TapPort {
                 routes: &mut routes,
                 bufs: &mut bufs,
             };
-            self.switch.forward(&mut from, &mut pkt);
+            switch.forward(&mut from, &mut pkt);
         }
     }
 }

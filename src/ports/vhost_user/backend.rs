@@ -25,8 +25,7 @@ use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
-use crate::pipeline::Buffers;
-use crate::pipeline::{Ingress, Packet};
+use crate::pipeline::{Buffers, Ingress, Packet, Switch};
 use crate::stats::{QueueStats, TallyHandle};
 use crate::wire::virtio_net_hdr::GSO_NONE;
 use crate::wire::VirtioNetHdr;
@@ -46,6 +45,8 @@ mod ctrl_queue;
 
 struct Session {
     port: Arc<GuestPort>,
+    /// The switch frames go to, held for as long as the connection lasts.
+    switch: Arc<Switch>,
     mem: Mem,
     /// One eventfd per worker thread, fired once at start so each thread reports its vrings.
     attach: Vec<EventFd>,
@@ -126,6 +127,9 @@ impl VnicBackend {
         frontend_pid: Option<u32>,
         frontend: UnixStream,
     ) -> io::Result<Self> {
+        let switch = port
+            .switch()
+            .ok_or_else(|| io::Error::other("the daemon is stopping"))?;
         let threads = usize::from(port.queue_pairs) + 1;
         let tuning = port.ctrl_tuning;
         // Without --ctrl-placement there is no CPU set to move within: the thread stays
@@ -155,7 +159,7 @@ impl VnicBackend {
                     buf: Vec::new(),
                     routes: RouteCache::default(),
                     bufs: Buffers::default(),
-                    tally: port.switch.tallies().register(),
+                    tally: switch.tallies().register(),
                     next_ctrl: NextLines::default(),
                     ctrl_cpu: CtrlCpu::new(allowed, frontend_pid, tuning.wake_priority),
                     ctrl_asleep: true,
@@ -165,6 +169,7 @@ impl VnicBackend {
         let queues = 2 * usize::from(port.queue_pairs) + 1;
         Ok(VnicBackend(Arc::new(Session {
             port,
+            switch,
             mem,
             attach,
             again,
@@ -354,7 +359,7 @@ impl VnicBackend {
                                 routes: &mut *routes,
                                 bufs: &mut *bufs,
                             };
-                            port.switch.forward(&mut from, &mut pkt);
+                            self.0.switch.forward(&mut from, &mut pkt);
                         });
                         if contained.is_none() {
                             stats.tx_errors.inc();

@@ -16,11 +16,12 @@ mod rx;
 pub mod sigbus;
 
 use std::io;
+use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -44,7 +45,8 @@ use crate::device::snoop::{self, Snooper};
 use crate::device::NicState;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
 use crate::pipeline::{Packet, Switch};
-use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, TallyHandle};
+use crate::stats::{ConnStats, CtrlStats, QueueSnapshot, Tallies, TallyHandle};
+use crate::stop::{Current, Stop};
 use crate::unix_socket::{self, SocketAccess};
 use crate::wire::mcast_report::{self, maybe_report};
 
@@ -129,7 +131,10 @@ pub struct GuestPort {
     /// CTRL_GUEST_OFFLOADS set (ethtool -K in the guest).
     guest_offloads: AtomicU64,
     rx: ArcSwapOption<RxPath>,
-    switch: Arc<Switch>,
+    /// The switch this port is attached to, which holds the port: a strong reference here
+    /// would make a cycle that outlives the daemon. A connection holds it strongly.
+    switch: Weak<Switch>,
+    tallies: Arc<Tallies>,
     warn: WarnLimiter,
     ctrl_tuning: CtrlTuning,
     snooping: bool,
@@ -142,6 +147,8 @@ pub struct GuestPort {
     mac_lock: MacLock,
     /// The source addresses the attached driver may send from (`--port-mac-lock`).
     pub source_lock: SourceLock,
+    /// The frontend connection being served, for [`GuestPort::wake`] to end.
+    frontend: Current<UnixStream>,
 }
 
 impl GuestPort {
@@ -191,6 +198,7 @@ impl GuestPort {
             queue_pairs,
             config,
             query_tally: switch.tallies().register(),
+            tallies: switch.tallies().clone(),
             ctrl_stats: CtrlStats::default(),
             conn_stats: ConnStats::default(),
             ctrl: Mutex::new(nic),
@@ -201,7 +209,7 @@ impl GuestPort {
             acked: AtomicU64::new(0),
             guest_offloads: AtomicU64::new(0),
             rx: ArcSwapOption::empty(),
-            switch,
+            switch: Arc::downgrade(&switch),
             warn: WarnLimiter::default(),
             ctrl_tuning,
             snooping: filter.snoop.is_some(),
@@ -209,6 +217,7 @@ impl GuestPort {
             snooped_groups: Default::default(),
             mac_lock: MacLock::Auto,
             source_lock: SourceLock::default(),
+            frontend: Current::default(),
         }
     }
 
@@ -260,9 +269,14 @@ impl GuestPort {
         self.guest_offloads.store(bits, Ordering::Relaxed);
     }
 
+    /// The switch, unless the daemon has let it go (it is stopping).
+    fn switch(&self) -> Option<Arc<Switch>> {
+        self.switch.upgrade()
+    }
+
     /// Counters per queue pair, summed over every worker that counted for this port.
     pub fn stats(&self) -> Vec<QueueSnapshot> {
-        self.switch.tallies().port(self.id)
+        self.tallies.port(self.id)
     }
 
     /// The control state as of the last command applied, without waiting for one being
@@ -287,16 +301,29 @@ impl GuestPort {
     }
 
     /// Serves frontends one after another, forever.
-    pub fn serve(self: Arc<Self>, listener: UnixListener) {
+    pub fn serve(self: Arc<Self>, listener: UnixListener, stop: Stop) {
         for conn in listener.incoming() {
+            if stop.requested() {
+                break;
+            }
             match conn {
                 Ok(stream) => {
+                    match stream.try_clone() {
+                        Ok(c) => {
+                            if !self.frontend.set(c, &stop) {
+                                break;
+                            }
+                        }
+                        // Served all the same; only a stop cannot end this connection.
+                        Err(e) => warn!("port {}: the connection cannot be ended by a stop: {e}", self.id),
+                    }
                     self.conn_stats.connections.inc();
                     info!("port {} ({}): frontend connected", self.id, self.socket.display());
                     self.connected.store(true, Ordering::Relaxed);
                     if let Err(e) = self.serve_connection(stream) {
                         warn!("port {}: connection ended: {}", self.id, error_chain(&e));
                     }
+                    self.frontend.clear();
                     self.detach();
                     info!(
                         "port {}: frontend disconnected; waiting for the next one",
@@ -312,6 +339,16 @@ impl GuestPort {
                 }
             }
         }
+    }
+
+    /// Wakes [`GuestPort::serve`] once its `Stop` is requested: ends the connection being
+    /// served, as a frontend hanging up would, and connects to the port's socket so that a
+    /// waiting `accept` returns.
+    pub fn wake(&self) {
+        self.frontend.with(|s| {
+            let _ = s.shutdown(Shutdown::Both);
+        });
+        let _ = UnixStream::connect(&self.socket);
     }
 
     fn serve_connection(self: &Arc<Self>, frontend: UnixStream) -> Result<(), VhostPortError> {
