@@ -93,11 +93,17 @@ start_daemon() {
         || die "daemon $name did not come up"
 }
 
+# stop_daemon NAME: SIGTERM, and a clean stop is required: exit status 0 within 10 s, and
+# every thread ended in time (src/daemon.rs says which did not, and that fails the test).
 stop_daemon() {
-    local pid=${DAEMON_PID[$1]}
+    local pid=${DAEMON_PID[$1]} rc=0
     kill -TERM "$pid"
     wait_for 10 "daemon $1 to exit" bash -c "! kill -0 $pid" || die "daemon $1 ignored SIGTERM"
-    wait "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || rc=$?
+    ((rc == 0)) || die "daemon $1 exited with status $rc after SIGTERM"
+    if grep -a -q "did not stop in time\|had panicked" "$RUN_DIR/$1.log"; then
+        die "daemon $1 did not stop cleanly: $(grep -a "stopping:\|did not stop" "$RUN_DIR/$1.log" | head -5)"
+    fi
 }
 
 # ctl NAME SUBCOMMAND...: e.g. ctl d0 stats, ctl d0 action add SPEC
