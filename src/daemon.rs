@@ -139,20 +139,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         listeners.push((port, listener));
     }
     if let Some(name) = &cfg.tap {
-        let id = cfg.guests.len();
-        let tap = Arc::new(
-            TapPort::open(
-                id,
-                name,
-                usize::from(cfg.queue_pairs),
-                cfg.tap_csum,
-                switch.clone(),
-            )
-            .map_err(StartError::Tap)?,
-        );
-        switch.attach(id, tap.clone());
-        tap.start(&stop, &mut started.taps).map_err(StartError::Tap)?;
-        ports.push(PortRef::Tap(tap));
+        ports.push(start_tap(cfg, name, &switch, &mut started)?);
     }
     let daemon = Arc::new(Daemon {
         ports,
@@ -205,6 +192,23 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// Opens the tap (the last port), attaches it and starts its readers.
+fn start_tap(
+    cfg: &Config,
+    name: &str,
+    switch: &Arc<Switch>,
+    started: &mut Started,
+) -> Result<PortRef, StartError> {
+    let id = cfg.guests.len();
+    let queues = usize::from(cfg.queue_pairs);
+    let tap = TapPort::open(id, name, queues, cfg.tap_csum, switch.clone()).map_err(StartError::Tap)?;
+    let tap = Arc::new(tap);
+    switch.attach(id, tap.clone());
+    tap.start(&started.stop, &mut started.taps)
+        .map_err(StartError::Tap)?;
+    Ok(PortRef::Tap(tap))
 }
 
 /// The switch with the rules, queues and limits `cfg` sets.

@@ -10,7 +10,8 @@
 //!   dropped (`main.rs` only parses arguments and waits for a signal).
 //!
 //! Shared by every layer: [`stats`] (per-thread counters), [`unix_socket`] (listening
-//! sockets created with the access asked for) and [`stop`] (how threads end).
+//! sockets created with the access asked for), [`stop`] (how threads end) and [`sync`]
+//! (locks that outlive a panicking thread).
 
 pub mod config;
 pub mod control;
@@ -21,5 +22,6 @@ pub mod pipeline;
 pub mod ports;
 pub mod stats;
 pub mod stop;
+pub mod sync;
 pub mod unix_socket;
 pub mod wire;

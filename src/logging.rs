@@ -39,7 +39,7 @@ impl Limited {
     /// Whether `record` may be written now, and how many of its target's lines were held
     /// back since the last one written.
     fn admit(&self, target: &str, now: Instant) -> (bool, u64) {
-        let mut w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = crate::sync::lock(&self.windows);
         let win = match w.get_mut(target) {
             Some(win) => win,
             None => w.entry(target.to_string()).or_insert(Window {

@@ -200,7 +200,7 @@ impl Tallies {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.all.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.all)
     }
 
     /// A tally for a new worker thread, counted until the handle is dropped and kept in the

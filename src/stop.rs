@@ -41,17 +41,17 @@ impl<S> Current<S> {
     /// Registers `s` (a clone of the connection the caller is about to block on); false if
     /// a stop was requested meanwhile, and the caller should not block.
     pub fn set(&self, s: S, stop: &Stop) -> bool {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        *crate::sync::lock(&self.0) = Some(s);
         !stop.requested()
     }
 
     pub fn clear(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *crate::sync::lock(&self.0) = None;
     }
 
     /// Runs `f` on the registered connection, if any.
     pub fn with(&self, f: impl FnOnce(&S)) {
-        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(s) = crate::sync::lock(&self.0).as_ref() {
             f(s);
         }
     }

@@ -9,16 +9,18 @@ use std::path::{Path, PathBuf};
 /// Which of the crate's own modules each top-level module may name (`crate::X`).
 fn allowed_modules(module: &str) -> &'static [&'static str] {
     match module {
-        // The lowest layer, and the modules every layer shares: they name none.
-        "wire" | "stats" | "stop" | "logging" | "unix_socket" => &[],
-        "device" => &["wire"],
-        "pipeline" => &["wire", "stats"],
+        // The lowest layer, and the modules every layer shares: they name none but `sync`.
+        "sync" => &[],
+        "wire" | "stats" | "stop" | "logging" | "unix_socket" => &["sync"],
+        "device" => &["wire", "sync"],
+        "pipeline" => &["wire", "stats", "sync"],
         "ports" => &[
             "wire",
             "device",
             "pipeline",
             "stats",
             "stop",
+            "sync",
             "logging",
             "unix_socket",
         ],
@@ -29,6 +31,7 @@ fn allowed_modules(module: &str) -> &'static [&'static str] {
             "ports",
             "stats",
             "stop",
+            "sync",
             "logging",
             "unix_socket",
         ],
@@ -39,6 +42,7 @@ fn allowed_modules(module: &str) -> &'static [&'static str] {
             "ports",
             "control",
             "stats",
+            "sync",
             "logging",
             "unix_socket",
         ],
@@ -53,6 +57,7 @@ fn allowed_modules(module: &str) -> &'static [&'static str] {
             "daemon",
             "stats",
             "stop",
+            "sync",
             "logging",
             "unix_socket",
         ],

@@ -2,6 +2,7 @@
 //! on connections at once, and requests read with a size limit and deadlines, so that no
 //! client can hold a thread, a slot or memory for long.
 
+use crate::sync::lock;
 use std::io::{self, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -139,10 +140,6 @@ pub fn accept_loop<S: Client>(
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Why a request could not be read whole.
 #[derive(Debug, Error)]
 pub enum ReadError {
@@ -169,48 +166,33 @@ pub struct Limits {
     pub request: Duration,
 }
 
-/// A client connection the accepting thread can hang up on when the daemon stops.
-pub trait Client: Sized + Send + 'static {
+/// A client connection: its reads can be given a timeout, and the accepting thread can
+/// hang up on it when the daemon stops.
+pub trait Client: Read + Sized + Send + 'static {
     /// A second handle on the same connection.
     fn handle(&self) -> io::Result<Self>;
     /// Ends the connection: the client's thread, blocked reading it, returns.
     fn hang_up(&self);
-}
-
-impl Client for UnixStream {
-    fn handle(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn hang_up(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-}
-
-impl Client for TcpStream {
-    fn handle(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn hang_up(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-}
-
-/// A stream whose reads can be given a timeout.
-pub trait TimedRead: Read {
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
 }
 
-impl TimedRead for UnixStream {
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
+/// `UnixStream` and `TcpStream` have the same three inherent methods, but no std trait.
+macro_rules! stream_client {
+    ($($t:ty),*) => {$(
+        impl Client for $t {
+            fn handle(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn hang_up(&self) {
+                let _ = self.shutdown(Shutdown::Both);
+            }
+            fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(t)
+            }
+        }
+    )*};
 }
-
-impl TimedRead for TcpStream {
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
-}
+stream_client!(UnixStream, TcpStream);
 
 /// Reads requests that end in a terminator (`\n`, `\r\n\r\n`), one after another; bytes
 /// after a terminator are kept for the next request.
@@ -220,7 +202,7 @@ pub struct Framed<S> {
     limits: Limits,
 }
 
-impl<S: TimedRead> Framed<S> {
+impl<S: Client> Framed<S> {
     pub fn new(stream: S, limits: Limits) -> Self {
         Framed {
             stream,

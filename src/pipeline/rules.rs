@@ -126,7 +126,7 @@ impl LiveRules {
     /// publishes it with the next generation if `edit` succeeds. Packets in flight finish
     /// with the snapshot they loaded.
     pub fn update<E>(&self, edit: impl FnOnce(&mut Rules) -> Result<(), E>) -> Result<(), E> {
-        let _w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _w = crate::sync::lock(&self.writer);
         let mut next = Rules::clone(&self.current.load_full());
         edit(&mut next)?;
         next.generation += 1;

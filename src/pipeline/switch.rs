@@ -230,17 +230,23 @@ impl Switch {
                 }
             }
         }
+        self.flood(&mut out, src, pkt);
+        Forwarded::Flooded
+    }
+
+    /// Delivers to every attached port but `src`; the last one gets the frame itself, the
+    /// others a copy.
+    fn flood(&self, out: &mut Out<'_>, src: usize, pkt: &mut Packet<'_>) {
         let last = (0..self.ports.len())
             .rev()
             .find(|&i| i != src && self.ports[i].get().is_some());
         for (i, p) in self.ports.iter().enumerate() {
             if i != src {
                 if let Some(p) = p.get() {
-                    self.deliver(&mut out, i, &**p, pkt, Some(i) != last);
+                    self.deliver(out, i, &**p, pkt, Some(i) != last);
                 }
             }
         }
-        Forwarded::Flooded
     }
 
     /// Sends a frame the switch originated (router replies) to one port.

@@ -135,7 +135,7 @@ impl Neighbours {
                 return NeighLearned::Refreshed;
             }
         }
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = crate::sync::lock(&self.writer);
         if port >= w.held.len() {
             return NeighLearned::Refused;
         }
@@ -194,7 +194,7 @@ impl Neighbours {
 
     /// Neighbours `port` holds, live or not yet swept.
     pub fn held(&self, port: usize) -> usize {
-        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let w = crate::sync::lock(&self.writer);
         w.held.get(port).copied().unwrap_or(0)
     }
 }

@@ -255,7 +255,7 @@ impl VnicBackend {
 
     /// Records a thread's vrings (once); publishes the RX path once every pair has reported.
     fn capture(&self, thread: usize, vrings: &[Vring]) {
-        let mut cap = self.0.captured.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cap = crate::sync::lock(&self.0.captured);
         let first = self.global(thread, 0);
         if cap.get(first).is_none_or(Option::is_some) {
             return;
@@ -305,7 +305,7 @@ impl VnicBackend {
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
         let mem = self.0.mem.memory();
-        let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = crate::sync::lock(&self.0.workers[thread]);
         let Worker {
             buf,
             routes,
@@ -516,11 +516,7 @@ impl VhostUserBackend for VnicBackend {
             .inspect_err(|e| warn!("port {}: exit event: {e}", self.0.port.id))
             .ok()?;
         // Closed by the session once the workers are gone (see `Session::exit_fds`).
-        self.0
-            .exit_fds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(consumer.as_raw_fd());
+        crate::sync::lock(&self.0.exit_fds).push(consumer.as_raw_fd());
         Some((consumer, notifier))
     }
 

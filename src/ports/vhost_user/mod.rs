@@ -291,7 +291,7 @@ impl GuestPort {
     }
 
     pub fn lock_ctrl(&self) -> std::sync::MutexGuard<'_, NicState> {
-        self.ctrl.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.ctrl)
     }
 
     /// Binds the socket, replacing a stale socket file but never a live daemon's socket or
@@ -485,7 +485,7 @@ impl GuestPort {
     }
 
     fn lock_snoop(&self) -> std::sync::MutexGuard<'_, Option<Snooper>> {
-        self.snoop.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.snoop)
     }
 
     /// Runs `f` on the snooper; if it says the wanted groups changed, publishes them to the

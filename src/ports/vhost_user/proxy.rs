@@ -276,7 +276,7 @@ impl Relay {
                                 watch2.enabled(i as u32);
                             }
                         }
-                        let w = fe_w2.lock().unwrap_or_else(|p| p.into_inner());
+                        let w = crate::sync::lock(&fe_w2);
                         send_msg(&w, &m)?;
                     }
                     Ok(())
@@ -331,7 +331,7 @@ fn frontend_to_backend(
         let req = m.request();
         if !features_set && req == REQ_SET_VRING_ENABLE {
             if m.flags() & FLAG_NEED_REPLY != 0 {
-                let w = fe_writer.lock().unwrap_or_else(|p| p.into_inner());
+                let w = crate::sync::lock(fe_writer);
                 send_msg(&w, &ack(req, 0))?;
                 m.set_flags(m.flags() & !FLAG_NEED_REPLY);
             }
@@ -349,7 +349,7 @@ fn frontend_to_backend(
             }
             // The frontend waits for an answer: it gets a failure, and the handler never
             // sees the message (its descriptors are closed here).
-            let w = fe_writer.lock().unwrap_or_else(|p| p.into_inner());
+            let w = crate::sync::lock(fe_writer);
             send_msg(&w, &ack(req, 1))?;
             continue;
         }

@@ -55,7 +55,7 @@ const HUGE: [usize; 2] = [2 << 20, 1 << 30];
 
 /// Registers a connection's memory for the monitor to find; dropped owners are forgotten.
 pub fn watch(owner: Weak<dyn MemOwner>) {
-    let mut all = OWNERS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut all = crate::sync::lock(&OWNERS);
     all.retain(|w| w.strong_count() > 0);
     all.push(owner);
 }
@@ -251,9 +251,7 @@ fn monitor(wake: OwnedFd) {
             );
             tail = head - RING;
         }
-        let owners: Vec<_> = OWNERS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let owners: Vec<_> = crate::sync::lock(&OWNERS)
             .iter()
             .filter_map(Weak::upgrade)
             .collect();

@@ -159,7 +159,7 @@ impl VnicBackend {
     fn ctrl_burst(&self, vring: &Vring, thread: usize, kicked: bool) -> Result<Burst, RingError> {
         let feat = self.negotiated();
         let mem = self.0.mem.memory();
-        let mut worker = self.0.workers[thread].lock().unwrap_or_else(|p| p.into_inner());
+        let mut worker = crate::sync::lock(&self.0.workers[thread]);
         let Worker {
             buf,
             next_ctrl,
@@ -430,10 +430,7 @@ impl VnicBackend {
         let feat = self.negotiated();
         let ctrl = feat.ctrl_vq() && index as usize == feat.ctrl_queue_index(s.port.queue_pairs);
         if ctrl {
-            let vring = s
-                .captured
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            let vring = crate::sync::lock(&s.captured)
                 .get(index as usize)
                 .cloned()
                 .flatten();
