@@ -33,18 +33,24 @@ impl Counter {
 }
 
 macro_rules! queue_counters {
-    ($($name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])+ $name:ident),* $(,)?) => {
         /// Counters of one queue pair.
         #[derive(Debug, Default)]
         #[repr(align(64))]
         pub struct QueueStats {
-            $(pub $name: Counter,)*
+            $($(#[doc = $doc])+ pub $name: Counter,)*
         }
 
         /// A point-in-time copy of [`QueueStats`], as `ctl stats` prints it.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
         pub struct QueueSnapshot {
             $(pub $name: u64,)*
+        }
+
+        impl QueueSnapshot {
+            /// Each counter's name and what it counts (its doc comment), for `# HELP`.
+            pub const HELP: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($name), concat!($($doc),+)),)*];
         }
 
         impl QueueStats {
@@ -62,37 +68,74 @@ macro_rules! queue_counters {
 }
 
 queue_counters!(
+    /// Frames sent: by the guest, on a guest port (its TX queues); to the host, on a tap.
     tx_packets,
+    /// Bytes of those frames, virtio-net header excluded.
     tx_bytes,
+    /// Frames of that direction refused as malformed (a broken chain or header, a GSO
+    /// frame that cannot be cut); a guest's chain is returned to its driver.
     tx_errors,
+    /// Frames of that direction dropped whole (a spoofed source, too many GSO segments, a
+    /// write the tap refused).
     tx_dropped,
+    /// Frames received: into the guest's RX queues, on a guest port; from the host, on a tap.
     rx_packets,
+    /// Bytes of those frames, virtio-net header excluded.
     rx_bytes,
+    /// Frames for this guest dropped for want of room: no guest attached, or no receive
+    /// buffers posted.
     rx_dropped,
+    /// Frames for this port that could not be written (broken receive chain, a segment that
+    /// does not fit).
     rx_errors,
+    /// Partial checksums completed before delivery to a guest that did not negotiate them.
     rx_csum_completed,
+    /// Partial checksums completed before a frame left by a tap with `--tap-csum off`.
     tx_csum_completed,
+    /// GSO frames a guest sent.
     tx_gso,
+    /// GSO frames the tap handed over.
     rx_gso,
+    /// GSO frames cut into segments for a guest that cannot take them whole.
     rx_gso_segmented,
+    /// GSO frames cut into segments for the tap.
     tx_gso_segmented,
+    /// Frames the port's receive filter (the modelled DPAA filter) dropped.
     rx_filtered,
+    /// Multicast frames the receive filter let through.
     rx_mcast_accepted,
+    /// Multicast frames let through only because their hash bucket is shared with a group
+    /// the guest joined (a hash filter's false positive, as on the hardware).
     rx_hash_false_positive,
+    /// Frames a checksum action rewrote.
     csum_updated,
+    /// Frames a checksum action dropped because their headers lie about their lengths.
     csum_failed,
+    /// Packets the router forwarded.
     routed,
+    /// Route lookups the queue's own route cache answered.
     route_cache_hit,
+    /// Route lookups that went to the route table (cache empty, or its generation old).
     route_cache_miss,
+    /// Packets dropped while the next hop's address was being resolved (ARP, NDP).
     route_unresolved,
+    /// Packets with no route, answered with ICMP (ICMPv6) destination unreachable.
     route_unreachable,
+    /// Packets whose TTL (hop limit) ran out, answered with ICMP (ICMPv6) time exceeded.
     route_ttl_exceeded,
+    /// Packets to the router with a bad IP header (checksum, lengths).
     route_errors,
+    /// Transmit chains longer than the per-frame descriptor bound, returned unread.
     tx_desc_limit,
+    /// Frames for this port whose receive chains ran past the per-frame descriptor bound.
     rx_desc_limit,
+    /// GSO frames of more segments than the bound, dropped as they entered.
     tx_gso_refused,
+    /// Frames from a source MAC `--port-mac-lock` refuses.
     tx_spoofed,
+    /// Source addresses not learned because the port holds `--fdb-limit` of them.
     fdb_refused,
+    /// Router neighbours not learned because the port holds `--neigh-limit` of them.
     neigh_refused,
 );
 
@@ -262,16 +305,22 @@ impl EventCounter {
 }
 
 macro_rules! event_counters {
-    ($(#[$doc:meta])* $name:ident, $snap:ident { $($(#[$fdoc:meta])* $field:ident),* $(,)? }) => {
+    ($(#[$doc:meta])* $name:ident, $snap:ident { $($(#[doc = $fdoc:literal])+ $field:ident),* $(,)? }) => {
         $(#[$doc])*
         #[derive(Debug, Default)]
         pub struct $name {
-            $($(#[$fdoc])* pub $field: EventCounter,)*
+            $($(#[doc = $fdoc])+ pub $field: EventCounter,)*
         }
 
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
         pub struct $snap {
             $(pub $field: u64,)*
+        }
+
+        impl $snap {
+            /// Each counter's name and what it counts (its doc comment), for `# HELP`.
+            pub const HELP: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($field), concat!($($fdoc),+)),)*];
         }
 
         impl $name {
@@ -425,6 +474,37 @@ pub struct CtrlSnapshot {
     pub ctrl_before_driver_ok: u64,
     pub ctrl_cpu_moves: u64,
     pub ctrl_interrupts: u64,
+}
+
+impl CtrlSnapshot {
+    /// Each counter's name and what it counts (as [`CtrlStats`] documents it), for `# HELP`.
+    pub const HELP: &'static [(&'static str, &'static str)] = &[
+        (
+            "ctrl_commands",
+            "Control-queue commands the guest sent (device attachment).",
+        ),
+        ("ctrl_errors", "Control-queue commands answered VIRTIO_NET_ERR."),
+        (
+            "ctrl_busy_ns",
+            "Nanoseconds from popping a command to returning it with its ack.",
+        ),
+        (
+            "ctrl_wakeups",
+            "Commands that found the control thread asleep (the guest kicked and waited).",
+        ),
+        (
+            "ctrl_before_driver_ok",
+            "Commands posted before DRIVER_OK, answered VIRTIO_NET_ERR.",
+        ),
+        (
+            "ctrl_cpu_moves",
+            "Times the control thread moved off a CPU a frontend thread was runnable on.",
+        ),
+        (
+            "ctrl_interrupts",
+            "Used-buffer notifications sent on the control queue.",
+        ),
+    ];
 }
 
 impl CtrlStats {

@@ -125,6 +125,8 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     }
     assert_eq!(v["ports"][1]["ctrl_commands"], 0);
     assert_eq!(v["ports"][0]["connected"], false);
+    // docs/interface.md: every answer says which version of the interface it follows.
+    assert_eq!(v["version"], 1);
 
     let out = Command::new(BIN)
         .args(["ctl", "--control", ctl.to_str().unwrap(), "filter"])
@@ -135,6 +137,7 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     assert_eq!(v["ports"][1]["mac"], "52:54:00:d0:aa:02");
     assert_eq!(v["ports"][0]["rx_mode"]["promisc"], true);
     assert!(v["ports"][0]["multicast"].as_array().unwrap().is_empty());
+    assert_eq!(v["version"], 1);
 
     // A second daemon must not steal (or delete) a live socket.
     let (code, err) = run(&["--socket", sock.to_str().unwrap()]);
@@ -276,5 +279,64 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         body.contains("# TYPE dpaa_vnic_rx_packets_total counter"),
         "{body}"
     );
-    assert!(body.contains("dpaa_vnic_csum_updated_total{port=\"0\",kind=\"vhost-user\",queue=\"0\"} 0"));
+    let port0 = format!("port=\"0\",port_name=\"{}\",kind=\"vhost-user\"", sock.display());
+    for want in [
+        format!("dpaa_vnic_csum_updated_total{{{port0},queue=\"0\"}} 0"),
+        "# HELP dpaa_vnic_rx_packets_total ".to_string(),
+        format!("dpaa_vnic_connected{{{port0}}} 0"),
+        "dpaa_vnic_build_info{".to_string(),
+    ] {
+        assert!(body.contains(&want), "{want} missing from {body}");
+    }
+    let text = body.split_once("\r\n\r\n").unwrap().1;
+    promtool_lint(text);
+    documented(text);
+}
+
+/// docs/interface.md is the stable interface: every metric family served, and every
+/// per-queue key of `ctl stats`, must be listed there.
+fn documented(metrics: &str) {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/interface.md")).unwrap();
+    let mut missing: Vec<String> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|name| !doc.contains(&format!("`{name}`")))
+        .map(str::to_string)
+        .collect();
+    for (key, _) in dpaa_vnic::stats::QueueSnapshot::HELP {
+        if !doc.contains(&format!("`{key}`")) {
+            missing.push(key.to_string());
+        }
+    }
+    assert!(missing.is_empty(), "not in docs/interface.md: {missing:?}");
+}
+
+/// Prometheus's own linter (`promtool check metrics`: HELP and TYPE present, counters
+/// named `_total`, base units) on a scrape. scripts/provision installs it and scripts/test
+/// sets VNIC_REQUIRE_TOOLS, so there it must run; a bare `cargo test` without it says so.
+fn promtool_lint(text: &str) {
+    use std::io::Write;
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
+            eprintln!("NOT CHECKED: promtool ({e}); scripts/provision installs it");
+            return;
+        }
+        Err(e) => panic!("promtool: {e} (scripts/provision installs the prometheus package)"),
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

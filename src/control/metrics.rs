@@ -19,8 +19,10 @@ use log::{debug, info};
 use thiserror::Error;
 
 use super::bounded::{self, Framed, Limits, ReadError};
-use super::view::{self, StatsView};
+use super::view::{self, FilterView, StatsView};
 use super::Daemon;
+use crate::device::filter::model::FilterStats;
+use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 use crate::stop::{Stop, Stoppable};
 
 /// Scrapes served at once; one more gets 503.
@@ -59,40 +61,177 @@ fn fields<T: serde::Serialize>(v: &T) -> Vec<(String, u64)> {
     }
 }
 
-/// Renders every queue counter as `dpaa_vnic_<name>_total{port,kind,queue}` and every port
-/// counter (control queue, filter sync) as `dpaa_vnic_<name>_total{port,kind}`.
-pub fn render(stats: &StatsView) -> String {
-    let mut out = String::new();
-    let mut series: Vec<(String, Vec<(String, u64)>)> = Vec::new();
-    let mut push = |name: String, labels: String, v: u64| match series.iter_mut().find(|(n, _)| *n == name) {
-        Some((_, s)) => s.push((labels, v)),
-        None => series.push((name, vec![(labels, v)])),
-    };
-    for p in &stats.ports {
-        let port = format!("port=\"{}\",kind=\"{}\"", p.id, p.kind);
-        for q in &p.queues {
-            for (name, v) in fields(&q.counters) {
-                push(name, format!("{port},queue=\"{}\"", q.queue), v);
+/// A label value as the text format wants it: backslash, double quote and newline escaped.
+fn escaped(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// One metric family: its samples, printed under one `# HELP` and one `# TYPE`.
+struct Family {
+    name: String,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(String, String)>,
+}
+
+/// The families of one scrape, in the order they first appear.
+#[derive(Default)]
+struct Exposition(Vec<Family>);
+
+impl Exposition {
+    fn sample(&mut self, name: &str, kind: &'static str, help: &'static str, labels: &str, value: String) {
+        let name = format!("dpaa_vnic_{name}");
+        let i = match self.0.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                self.0.push(Family {
+                    name,
+                    kind,
+                    help,
+                    samples: Vec::new(),
+                });
+                self.0.len() - 1
+            }
+        };
+        self.0[i].samples.push((labels.to_string(), value));
+    }
+
+    /// A counter, renamed to the base unit (seconds) where it counts nanoseconds.
+    fn counter(&mut self, field: &str, help: &'static str, labels: &str, v: u64) {
+        match field.strip_suffix("_ns") {
+            Some(stem) => {
+                let seconds = Duration::from_nanos(v).as_secs_f64();
+                self.sample(
+                    &format!("{stem}_seconds_total"),
+                    "counter",
+                    help,
+                    labels,
+                    seconds.to_string(),
+                );
+            }
+            None => self.sample(&format!("{field}_total"), "counter", help, labels, v.to_string()),
+        }
+    }
+
+    fn counters<T: serde::Serialize>(&mut self, block: &T, help: &[(&str, &'static str)], labels: &str) {
+        for (name, v) in fields(block) {
+            let h = help.iter().find(|(n, _)| *n == name).map_or("", |(_, h)| *h);
+            self.counter(&name, h, labels, v);
+        }
+    }
+
+    fn gauge(&mut self, name: &str, help: &'static str, labels: &str, v: impl ToString) {
+        self.sample(name, "gauge", help, labels, v.to_string());
+    }
+
+    fn text(self) -> String {
+        let mut out = String::new();
+        for f in self.0 {
+            let _ = writeln!(out, "# HELP {} {}", f.name, f.help.trim());
+            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+            for (labels, v) in f.samples {
+                let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
             }
         }
-        for (name, v) in fields(&p.ctrl)
-            .into_iter()
-            .chain(fields(&p.conn))
-            .chain(fields(&p.filter))
-        {
-            push(name, port.clone(), v);
+        out
+    }
+}
+
+/// Renders every queue counter as `dpaa_vnic_<name>_total{port,port_name,kind,queue}`, every
+/// port counter (control queue, connection, filter sync) as
+/// `dpaa_vnic_<name>_total{port,port_name,kind}`, the ports' state as gauges, and
+/// `dpaa_vnic_build_info`. docs/interface.md lists them all.
+pub fn render(stats: &StatsView, filter: &FilterView) -> String {
+    let mut x = Exposition::default();
+    x.gauge(
+        "build_info",
+        "The daemon's version and the interface version of its answers; always 1.",
+        &format!(
+            "version=\"{}\",interface=\"{}\"",
+            env!("CARGO_PKG_VERSION"),
+            super::INTERFACE_VERSION
+        ),
+        1,
+    );
+    let port_labels = |id: usize| {
+        stats.ports.iter().find(|p| p.id == id).map(|p| {
+            format!(
+                "port=\"{}\",port_name=\"{}\",kind=\"{}\"",
+                p.id,
+                escaped(&p.name),
+                p.kind
+            )
+        })
+    };
+    for p in &stats.ports {
+        let port = port_labels(p.id).unwrap_or_default();
+        x.gauge(
+            "connected",
+            "1 while a frontend is attached to the port (a tap: always).",
+            &port,
+            u8::from(p.connected),
+        );
+        for q in &p.queues {
+            x.counters(
+                &q.counters,
+                QueueSnapshot::HELP,
+                &format!("{port},queue=\"{}\"", q.queue),
+            );
+        }
+        x.counters(&p.ctrl, CtrlSnapshot::HELP, &port);
+        x.counters(&p.conn, ConnSnapshot::HELP, &port);
+        x.counters(&p.filter, FilterStats::HELP, &port);
+    }
+    for f in &filter.ports {
+        let Some(port) = port_labels(f.id) else { continue };
+        x.gauge(
+            "multicast_addresses",
+            "Multicast addresses in the guest's list, as the filter was last synced to it.",
+            &port,
+            f.multicast.len(),
+        );
+        x.gauge(
+            "filter_buckets",
+            "Hash buckets the port's filter layout has (0: exact layout).",
+            &port,
+            f.filter.buckets_total,
+        );
+        x.gauge(
+            "filter_buckets_used",
+            "Hash buckets at least one address of the guest's lists maps to.",
+            &port,
+            f.filter.buckets.len(),
+        );
+        x.gauge(
+            "filter_multicast_overflow",
+            "1 while the filter holds more multicast than its layout keeps and accepts all.",
+            &port,
+            u8::from(f.filter.mc_overflow),
+        );
+        x.gauge(
+            "filter_unicast_overflow",
+            "1 while the filter holds more unicast than its layout keeps and accepts all.",
+            &port,
+            u8::from(f.filter.uc_overflow),
+        );
+        if let Some(n) = f.snooped_groups {
+            x.gauge(
+                "snooped_groups",
+                "--snoop: groups learned from the guest's IGMP and MLD reports.",
+                &port,
+                n,
+            );
         }
     }
     for (server, v) in fields(&stats.clients_refused) {
-        push("clients_refused".into(), format!("server=\"{server}\""), v);
+        x.counter(
+            "clients_refused",
+            "Clients of the control socket or of /metrics refused (too many, too slow, too long).",
+            &format!("server=\"{server}\""),
+            v,
+        );
     }
-    for (name, samples) in series {
-        let _ = writeln!(out, "# TYPE dpaa_vnic_{name}_total counter");
-        for (labels, v) in samples {
-            let _ = writeln!(out, "dpaa_vnic_{name}_total{{{labels}}} {v}");
-        }
-    }
-    out
+    x.text()
 }
 
 /// Serves `/metrics` from a background thread until `stop` is requested; returns the
@@ -244,7 +383,7 @@ fn answer_head(d: &Daemon, head: &[u8]) -> Vec<u8> {
             with_body,
         );
     }
-    let body = render(&view::stats(d));
+    let body = render(&view::stats(d), &view::filter(&d.ports));
     response(
         200,
         "OK",
@@ -257,9 +396,48 @@ fn answer_head(d: &Daemon, head: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::view::{PortStats, QueueView, RefusedView};
-    use crate::device::filter::model::FilterStats;
-    use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
+    use crate::control::view::{PortFilter, PortStats, QueueView, RefusedView};
+    use crate::device::filter::model::FilterSnapshot;
+    use crate::device::filter::Layout;
+    use crate::device::rx_state::RxMode;
+    use crate::wire::MacAddr;
+
+    fn filter_view() -> FilterView {
+        let mac = MacAddr([0x52, 0x54, 0, 0xd0, 0xaa, 0]);
+        let group = MacAddr([0x01, 0, 0x5e, 0, 0, 1]);
+        FilterView {
+            ports: vec![PortFilter {
+                id: 0,
+                name: "s".into(),
+                attachment: None,
+                mac,
+                rx_mode: RxMode {
+                    promisc: false,
+                    allmulti: false,
+                    alluni: false,
+                    nomulti: false,
+                    nouni: false,
+                    nobcast: false,
+                },
+                unicast: Default::default(),
+                multicast: std::sync::Arc::new(vec![group; 3]),
+                active_queue_pairs: 1,
+                filter: std::sync::Arc::new(FilterSnapshot {
+                    layout: Layout::Memac,
+                    exact_limit: 4096,
+                    mc_overflow: true,
+                    uc_overflow: false,
+                    buckets_total: 64,
+                    buckets: vec![(1, 2), (9, 1)],
+                    exact_unicast: Vec::new(),
+                    stats: FilterStats::default(),
+                }),
+                snooped_groups: Some(5),
+                rss: None,
+                hash_report: false,
+            }],
+        }
+    }
 
     #[test]
     fn text_format_groups_series_under_one_type_line() {
@@ -274,14 +452,14 @@ mod tests {
             ports: vec![PortStats {
                 id: 0,
                 kind: "vhost-user",
-                name: "s".into(),
+                name: "/run/a \"b\"\\c.sock".into(),
                 connected: true,
                 attachment: Some(crate::device::features::Attachment::Net),
                 queues: vec![q(0, 5), q(1, 7)],
                 totals: QueueSnapshot::default(),
                 ctrl: CtrlSnapshot {
                     ctrl_commands: 3,
-                    ctrl_busy_ns: 10,
+                    ctrl_busy_ns: 1_500_000_000,
                     ..Default::default()
                 },
                 ctrl_answer: Default::default(),
@@ -301,23 +479,56 @@ mod tests {
                 metrics: 2,
             },
         };
-        let text = render(&view);
+        let text = render(&view, &filter_view());
+        let port = r#"port="0",port_name="/run/a \"b\"\\c.sock",kind="vhost-user""#;
         assert_eq!(
             text.matches("# TYPE dpaa_vnic_rx_packets_total counter\n")
                 .count(),
             1
         );
-        assert!(text.contains("dpaa_vnic_rx_packets_total{port=\"0\",kind=\"vhost-user\",queue=\"0\"} 5\n"));
-        assert!(text.contains("dpaa_vnic_rx_packets_total{port=\"0\",kind=\"vhost-user\",queue=\"1\"} 7\n"));
-        assert!(text.contains("dpaa_vnic_ctrl_commands_total{port=\"0\",kind=\"vhost-user\"} 3\n"));
-        assert!(text.contains("dpaa_vnic_filter_syncs_total{port=\"0\",kind=\"vhost-user\"} 2\n"));
-        assert!(text.contains("dpaa_vnic_rings_broken_total{port=\"0\",kind=\"vhost-user\"} 1\n"));
-        assert!(text.contains("dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n"));
+        for want in [
+            format!("dpaa_vnic_rx_packets_total{{{port},queue=\"0\"}} 5\n"),
+            format!("dpaa_vnic_rx_packets_total{{{port},queue=\"1\"}} 7\n"),
+            format!("dpaa_vnic_ctrl_commands_total{{{port}}} 3\n"),
+            format!("dpaa_vnic_ctrl_busy_seconds_total{{{port}}} 1.5\n"),
+            format!("dpaa_vnic_filter_syncs_total{{{port}}} 2\n"),
+            format!("dpaa_vnic_rings_broken_total{{{port}}} 1\n"),
+            format!("dpaa_vnic_connected{{{port}}} 1\n"),
+            format!("dpaa_vnic_multicast_addresses{{{port}}} 3\n"),
+            format!("dpaa_vnic_filter_buckets{{{port}}} 64\n"),
+            format!("dpaa_vnic_filter_buckets_used{{{port}}} 2\n"),
+            format!("dpaa_vnic_filter_multicast_overflow{{{port}}} 1\n"),
+            format!("dpaa_vnic_filter_unicast_overflow{{{port}}} 0\n"),
+            format!("dpaa_vnic_snooped_groups{{{port}}} 5\n"),
+            "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
+            format!(
+                "dpaa_vnic_build_info{{version=\"{}\",interface=\"1\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            ),
+            "# TYPE dpaa_vnic_connected gauge\n".to_string(),
+        ] {
+            assert!(text.contains(&want), "{want} missing from\n{text}");
+        }
         assert!(text.contains("dpaa_vnic_csum_failed_total{"));
+        assert!(!text.contains("_ns"), "a family not in base units:\n{text}");
+        // Every family has one # HELP with text and one # TYPE, right before its samples.
+        let lines: Vec<&str> = text.lines().collect();
+        let mut families = 0;
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(rest) = l.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                assert!(help.len() > 10, "{name} has no help");
+                assert!(lines[i + 1].starts_with(&format!("# TYPE {name} ")), "{l}");
+                assert!(lines[i + 2].starts_with(name), "{l}");
+                families += 1;
+            }
+        }
+        assert_eq!(families, text.matches("# TYPE ").count());
+        assert!(families > 50, "{families} families");
         // Every sample line is "name{labels} value".
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (_, v) = line.rsplit_once(' ').unwrap();
-            assert!(v.parse::<u64>().is_ok(), "{line}");
+            assert!(v.parse::<f64>().is_ok(), "{line}");
         }
     }
 }

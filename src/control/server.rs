@@ -198,14 +198,25 @@ pub fn answer(d: &Daemon, line: &str) -> String {
         },
         Err(e) => Ok(serde_json::json!({ "error": format!("bad request: {e}") })),
     };
-    match reply {
-        Ok(v) => v.to_string(),
-        Err(e) => serde_json::json!({ "error": format!("encoding reply: {e}") }).to_string(),
+    let mut v = match reply {
+        Ok(v) => v,
+        Err(e) => serde_json::json!({ "error": format!("encoding reply: {e}") }),
+    };
+    versioned(&mut v);
+    v.to_string()
+}
+
+/// Adds `"version"` to an answer (every answer is an object).
+fn versioned(v: &mut serde_json::Value) {
+    if let Some(m) = v.as_object_mut() {
+        m.insert("version".into(), super::INTERFACE_VERSION.into());
     }
 }
 
 fn error_line(msg: &str) -> String {
-    let mut out = serde_json::json!({ "error": msg }).to_string();
+    let mut v = serde_json::json!({ "error": msg });
+    versioned(&mut v);
+    let mut out = v.to_string();
     out.push('\n');
     out
 }
@@ -217,11 +228,10 @@ fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
     loop {
         match r.next(b"\n") {
             Ok(Some(line)) => {
-                let mut out = match std::str::from_utf8(&line) {
-                    Ok(text) => answer(d, text.trim()),
-                    Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }).to_string(),
+                let out = match std::str::from_utf8(&line) {
+                    Ok(text) => answer(d, text.trim()) + "\n",
+                    Err(e) => error_line(&format!("bad request: {e}")),
                 };
-                out.push('\n');
                 w.write_all(out.as_bytes())?;
             }
             Ok(None) => return Ok(()),

@@ -72,6 +72,28 @@ pub struct FilterStats {
     pub table_refused: u64,
 }
 
+impl FilterStats {
+    /// Each counter's name and what it counts, for `# HELP`.
+    pub const HELP: &'static [(&'static str, &'static str)] = &[
+        (
+            "filter_syncs",
+            "Address lists the driver sent, each diffed against the one before.",
+        ),
+        (
+            "filter_adds",
+            "Addresses added to the filter by incremental sync.",
+        ),
+        (
+            "filter_removes",
+            "Addresses removed from the filter by incremental sync.",
+        ),
+        (
+            "table_refused",
+            "Addresses the exact table could not take (the layout went accept-all).",
+        ),
+    ];
+}
+
 /// `ctl filter`'s view of the hardware side.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FilterSnapshot {
