@@ -949,9 +949,12 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
     let (tx, rx) = std::sync::mpsc::channel();
     let d2 = d.clone();
     thread::spawn(move || {
-        let v = view::stats(&d2);
-        let text = dpaa_vnic::control::metrics::render(&v);
-        tx.send(text.contains("dpaa_vnic_filter_syncs_total")).unwrap();
+        let (v, f) = (view::stats(&d2), view::filter(&d2.ports));
+        let text = dpaa_vnic::control::metrics::render(&v, &f);
+        tx.send(
+            text.contains("dpaa_vnic_filter_syncs_total") && text.contains("dpaa_vnic_filter_buckets_used"),
+        )
+        .unwrap();
     });
     let answered = rx.recv_timeout(Duration::from_secs(5));
     drop(held);
