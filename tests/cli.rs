@@ -340,3 +340,37 @@ fn promtool_lint(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 19: a tap the daemon may not open is explained: CAP_NET_ADMIN, or a tap made for
+/// the daemon's user beforehand. The daemon runs as root without CAP_NET_ADMIN in its
+/// bounding set (util-linux's `setpriv`), so it can open /dev/net/tun but not make a tap.
+#[test]
+fn a_tap_without_permission_names_the_capability_and_the_command() {
+    // SAFETY: getuid(2) has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("NOT CHECKED: needs root (a tap, and a capability to drop)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    for (queues, mq) in [("1", ""), ("2", " multi_queue")] {
+        let out = Command::new("setpriv")
+            .args(["--bounding-set=-net_admin", BIN])
+            .args([
+                "--socket",
+                sock.to_str().unwrap(),
+                "--tap",
+                "vnicperm0",
+                "--queues",
+                queues,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("CAP_NET_ADMIN"), "{err}");
+        let cmd = format!("ip tuntap add dev vnicperm0 mode tap vnet_hdr{mq} user USER");
+        assert!(err.contains(&cmd), "{err}");
+        assert!(!sock.exists(), "socket left behind");
+    }
+}

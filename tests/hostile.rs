@@ -390,12 +390,14 @@ fn hostile_messages_end_only_their_own_connection() {
         raw(d, msg(SET_FEATURES, 1, &[0u8; 4]))
     });
     case(&mut d, "too many descriptors", |d| {
+        let refused = d.stat(0, "frontend_refused");
         let files: Vec<File> = (0..40).map(|_| memfd(4096)).collect();
         let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let regions: Vec<_> = (0..40).map(|i| (i * 0x1000, 0x1000, 0)).collect();
         let mut r = Raw::connect(d.sock());
         r.send(&msg(SET_MEM_TABLE, 1, &mem_table(&regions)), &fds);
         assert!(r.hung_up());
+        assert_eq!(d.stat(0, "frontend_refused"), refused + 1);
     });
     case(&mut d, "regions without descriptors", |d| {
         raw(
@@ -469,6 +471,26 @@ fn hostile_messages_end_only_their_own_connection() {
             }
         }
     });
+    // Issue 19: each refusal is told at WARN with its reason and the request it concerns
+    // (a repeat within a second only counts: one warning a second per port).
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    let warned = |needle: &str| {
+        log.lines()
+            .any(|l| l.contains(" WARN ") && l.contains("port 0") && l.contains(needle))
+    };
+    for needle in [
+        "exceeds 4096",
+        "the frontend's last was GET_FEATURES",
+        "the frontend's last was SET_FEATURES",
+        "more than 32 descriptors (a memory table of more regions than vhost-user allows)",
+        "the frontend's last was SET_MEM_TABLE",
+        "SET_MEM_TABLE refused: memory region 0 maps 2097152 bytes of a 4096-byte file",
+        "SET_MEM_TABLE refused: memory region 0 is backed by a character device",
+        "the frontend's last was SET_VRING_ADDR): failed to handle request: invalid parameters",
+        "SET_VRING_KICK refused: kick is not an eventfd",
+    ] {
+        assert!(warned(needle), "no warning with {needle:?} in\n{log}");
+    }
 }
 
 /// Rings a driver got wrong, one case per connection.

@@ -48,9 +48,37 @@ impl NetConfig {
     }
 }
 
+/// What to tell the operator when a frontend reads config space from its start but stops
+/// short of its end. QEMU's `vhost-user-test-device-pci` reads `config_size` bytes once,
+/// at realize (QEMU 10.2, hw/virtio/vhost-user-base.c), and hands the guest only those. An
+/// older example's `config_size=12` stops before the RSS limits (virtio 1.2, 5.1.4), which
+/// Linux reads as soon as it negotiates HASH_REPORT or RSS: it then finds garbage, logs
+/// "rss_max_key_size=... exceeds the limit 40" and gives up on the device, so no interface
+/// appears and the daemon would otherwise say nothing.
+pub fn short_read_advice(offset: u32, size: u32) -> Option<String> {
+    (offset == 0 && (size as usize) < CONFIG_LEN).then(|| {
+        format!(
+            "the frontend reads {size} of the {CONFIG_LEN} bytes of config space: a Linux guest \
+             will not probe the device (RSS limits missing). With vhost-user-test-device-pci, \
+             pass config_size={CONFIG_LEN}"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_read_from_the_start_is_explained_and_a_whole_or_partial_one_is_not() {
+        let advice = short_read_advice(0, 12).unwrap();
+        assert!(advice.contains("reads 12 of the 24 bytes"), "{advice}");
+        assert!(advice.contains("config_size=24"), "{advice}");
+        assert_eq!(short_read_advice(0, 24), None);
+        // QEMU always asks from offset 0 (hw/virtio/vhost-user.c `vhost_user_get_config`);
+        // another frontend reading one field further in is not told off.
+        assert_eq!(short_read_advice(6, 2), None);
+    }
 
     #[test]
     fn golden_layout() {

@@ -39,10 +39,40 @@ pub enum TapError {
     BadName(String),
     #[error("opening /dev/net/tun")]
     Open(#[source] io::Error),
+    #[error(
+        "opening /dev/net/tun: the daemon's user may not; the device is usually mode 0666 \
+         (check `ls -l /dev/net/tun`, and the device cgroup of a container)"
+    )]
+    TunDenied(#[source] io::Error),
     #[error("ioctl {what} on tap {name}")]
     Ioctl {
         what: &'static str,
         name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// TUNSETIFF's EPERM: creating a tap, or attaching to one owned by another user, needs
+    /// CAP_NET_ADMIN (drivers/net/tun.c `tun_not_capable`).
+    #[error(
+        "not permitted to open tap {name}: run the daemon with CAP_NET_ADMIN, or create the tap \
+         for its user first (`ip tuntap add dev {name} mode tap vnet_hdr{mq} user USER`)",
+        mq = if *.multi_queue { " multi_queue" } else { "" }
+    )]
+    NotPermitted {
+        name: String,
+        multi_queue: bool,
+        #[source]
+        source: io::Error,
+    },
+    /// TUNSETIFF's EINVAL on an existing device: its flags differ from ours.
+    #[error(
+        "tap {name} exists with other flags than dpaa-vnic asks for (tap, vnet_hdr, no packet \
+         info{mq}): delete it (`ip link del {name}`) or create it with them",
+        mq = if *.multi_queue { ", multi_queue for --queues > 1" } else { ", single queue" }
+    )]
+    OtherFlags {
+        name: String,
+        multi_queue: bool,
         #[source]
         source: io::Error,
     },
@@ -121,7 +151,10 @@ impl TapPort {
                 // send buffer is unlimited unless TUNSETSNDBUF says otherwise).
                 .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
                 .open("/dev/net/tun")
-                .map_err(TapError::Open)?;
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::PermissionDenied => TapError::TunDenied(e),
+                    _ => TapError::Open(e),
+                })?;
             let mut req = IfReq {
                 name: [0; libc::IFNAMSIZ],
                 flags: TAP_FLAGS,
@@ -131,13 +164,34 @@ impl TapPort {
                 req.flags |= TAP_MULTI_QUEUE;
             }
             req.name[..name.len()].copy_from_slice(name.as_bytes());
+            let multi_queue = queues > 1;
             ioctl(
                 &f,
                 name,
                 "TUNSETIFF",
                 libc::TUNSETIFF,
                 (&req as *const IfReq).cast(),
-            )?;
+            )
+            .map_err(|e| match e {
+                TapError::Ioctl { name, source, .. } => match source.raw_os_error() {
+                    Some(libc::EPERM) => TapError::NotPermitted {
+                        name,
+                        multi_queue,
+                        source,
+                    },
+                    Some(libc::EINVAL) => TapError::OtherFlags {
+                        name,
+                        multi_queue,
+                        source,
+                    },
+                    _ => TapError::Ioctl {
+                        what: "TUNSETIFF",
+                        name,
+                        source,
+                    },
+                },
+                other => other,
+            })?;
             let hdr_len: libc::c_int = HDR_LEN as libc::c_int;
             ioctl(
                 &f,

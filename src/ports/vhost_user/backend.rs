@@ -22,6 +22,7 @@ use super::proxy::{ProxyError, RelayWatch};
 use super::queue::{add_used, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError};
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
+use crate::device::config;
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
@@ -495,7 +496,13 @@ impl VhostUserBackend for VnicBackend {
     fn set_event_idx(&self, _enabled: bool) {}
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        self.0.port.config.read(offset, size)
+        let port = &self.0.port;
+        if let Some(advice) = config::short_read_advice(offset, size) {
+            if port.warn.allow() {
+                warn!("port {}: {advice}", port.id);
+            }
+        }
+        port.config.read(offset, size)
     }
 
     fn update_memory(&self, _mem: Mem) -> io::Result<()> {

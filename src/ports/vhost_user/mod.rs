@@ -61,6 +61,12 @@ pub enum VhostPortError {
     // carried and printed rather than chained as a source.
     #[error("vhost-user daemon: {0}")]
     Daemon(vhost_user_backend::Error),
+    /// The request handler refused a message, which ends the connection.
+    #[error("the request handler refused a message (the frontend's last was {last}): {error}")]
+    Refused {
+        last: String,
+        error: vhost_user_backend::Error,
+    },
     #[error("private channel between the relay and the request handler")]
     Inner(#[source] io::Error),
     #[error("registering with the vring worker")]
@@ -385,6 +391,7 @@ impl GuestPort {
         let relay = proxy::Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()))
             .map_err(VhostPortError::Relay)?;
         let result = daemon.wait();
+        let last = relay.last_request();
         relay.stop();
         // Joins the workers; the session (exit events, counters, mappings) goes with the
         // last of them.
@@ -395,6 +402,10 @@ impl GuestPort {
             Err(vhost_user_backend::Error::HandleRequest(
                 vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
             )) => Ok(()),
+            Err(error @ vhost_user_backend::Error::HandleRequest(_)) => Err(VhostPortError::Refused {
+                last: last.map_or_else(|| "none".into(), proxy::request_name),
+                error,
+            }),
             r => r.map_err(VhostPortError::Daemon),
         }
     }

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
@@ -80,7 +80,11 @@ pub enum ProxyError {
     Sys(#[source] vmm_sys_util::errno::Error),
     #[error("message body of {0} bytes exceeds {MAX_BODY}")]
     TooBig(usize),
-    #[error("request {request} refused")]
+    /// recvmsg's MSG_CTRUNC, which vmm-sys-util 0.15 reports as ENOBUFS (and closes what
+    /// came): a memory table of more regions than vhost-user carries in one message.
+    #[error("a message came with more than {MAX_FDS} descriptors (a memory table of more regions than vhost-user allows)")]
+    TooManyFds(#[source] vmm_sys_util::errno::Error),
+    #[error("{} refused", request_name(*request))]
     Refused {
         request: u32,
         #[source]
@@ -178,7 +182,10 @@ fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
         iov_len: HDR_LEN,
     }];
     // SAFETY: the single iovec points at `hdr`, which is HDR_LEN bytes and outlives the call.
-    let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }.map_err(ProxyError::Sys)?;
+    let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }.map_err(|e| match e.errno() {
+        libc::ENOBUFS => ProxyError::TooManyFds(e),
+        _ => ProxyError::Sys(e),
+    })?;
     let fds = raw[..nfds]
         .iter()
         // SAFETY: recvmsg just installed these descriptors in our table; nothing else owns them.
@@ -226,11 +233,21 @@ fn ack(request: u32, status: u64) -> Msg {
     }
 }
 
+/// A request's name as vhost-user spells it (`SET_MEM_TABLE`), or its number.
+pub fn request_name(code: u32) -> String {
+    match FrontendReq::try_from(code) {
+        Ok(r) => format!("{r:?}"),
+        Err(_) => format!("request {code}"),
+    }
+}
+
 /// The running relay of one connection.
 pub struct Relay {
     frontend: UnixStream,
     backend: UnixStream,
     threads: Vec<JoinHandle<()>>,
+    /// The last request handed to the handler, plus one (0: none yet).
+    last: Arc<AtomicU32>,
 }
 
 impl Relay {
@@ -242,7 +259,8 @@ impl Relay {
         watch: Arc<dyn RelayWatch>,
     ) -> Result<Relay, ProxyError> {
         let awaiting: Awaiting = Arc::default();
-        let (awaiting2, watch2) = (awaiting.clone(), watch.clone());
+        let last: Arc<AtomicU32> = Arc::default();
+        let (awaiting2, watch2, last2) = (awaiting.clone(), watch.clone(), last.clone());
         let fe_writer = Arc::new(Mutex::new(frontend.try_clone().map_err(ProxyError::Io)?));
         let (fe_r, be_w) = (
             frontend.try_clone().map_err(ProxyError::Io)?,
@@ -258,7 +276,7 @@ impl Relay {
         let down = thread::Builder::new()
             .name(format!("{name}-relay-fe"))
             .spawn(move || {
-                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer, &awaiting, &*watch) {
+                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer, &awaiting, &last2, &*watch) {
                     debug!("{label}: frontend relay ended: {e}");
                 }
                 let _ = fe_r.shutdown(Shutdown::Both);
@@ -292,7 +310,14 @@ impl Relay {
             frontend,
             backend,
             threads: vec![down, up],
+            last,
         })
+    }
+
+    /// The last request the frontend sent that reached the request handler: the one it
+    /// refused, or one the frontend sent after it without waiting for the answer.
+    pub fn last_request(&self) -> Option<u32> {
+        self.last.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Closes both sides and waits for the relay threads.
@@ -312,6 +337,7 @@ fn frontend_to_backend(
     be: &UnixStream,
     fe_writer: &Mutex<UnixStream>,
     awaiting: &AtomicU64,
+    last: &AtomicU32,
     watch: &dyn RelayWatch,
 ) -> Result<(), ProxyError> {
     let mut features_set = false;
@@ -322,7 +348,7 @@ fn frontend_to_backend(
             Ok(Some(m)) => m,
             Ok(None) => return Ok(()),
             Err(e) => {
-                if matches!(e, ProxyError::TooBig(_)) {
+                if matches!(e, ProxyError::TooBig(_) | ProxyError::TooManyFds(_)) {
                     watch.refused(&e);
                 }
                 return Err(e);
@@ -365,6 +391,7 @@ fn frontend_to_backend(
                 awaiting.store(u64::from(i) + 1, Ordering::Release);
             }
         }
+        last.store(req.saturating_add(1), Ordering::Relaxed);
         send_msg(be, &m)?;
         if req == REQ_SET_FEATURES && !features_set {
             features_set = true;
