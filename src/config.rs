@@ -1,5 +1,6 @@
 //! The command line and the validated daemon configuration built from it.
 
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -96,9 +97,24 @@ impl ListAddDel {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// vhost-user socket to serve; repeat for more guest ports (ports 0, 1, ... in order).
-    #[arg(long = "socket", value_name = "PATH")]
+    /// vhost-user socket to serve (`--socket-path` in QEMU's backend conventions); repeat
+    /// for more guest ports (ports 0, 1, ... in order).
+    #[arg(long = "socket", visible_alias = "socket-path", value_name = "PATH")]
     pub sockets: Vec<PathBuf>,
+    /// A listening vhost-user socket the daemon inherits as descriptor N (systemd socket
+    /// activation, libvirt, a jailer), instead of --socket; repeat for more guest ports. The
+    /// daemon never removes its file.
+    #[arg(long = "fd", value_name = "N", conflicts_with = "sockets")]
+    pub fds: Vec<RawFd>,
+    /// Connect to each --socket, where the frontend listens (QEMU: `-chardev
+    /// socket,path=PATH,server=on`), instead of listening there; connect again whenever the
+    /// frontend goes away.
+    #[arg(long, conflicts_with = "fds")]
+    pub client: bool,
+    /// Print the backend's capabilities as QEMU's vhost-user.json schema describes them, and
+    /// exit; other arguments are ignored.
+    #[arg(long)]
+    pub print_capabilities: bool,
     /// Host tap device to join to the switch (created if missing); it is the last port.
     #[arg(long, value_name = "IFNAME")]
     pub tap: Option<String>,
@@ -211,8 +227,10 @@ pub struct RunArgs {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("at least one --socket is needed")]
+    #[error("at least one --socket (or --fd) is needed")]
     NoSocket,
+    #[error("--fd {0} is given twice")]
+    DuplicateFd(RawFd),
     #[error("--queues {0} is out of range 1..={MAX_QUEUE_PAIRS}")]
     Queues(u16),
     #[error("{macs} --mac given for {sockets} --socket")]
@@ -272,10 +290,28 @@ pub enum ConfigError {
     ExactLimit(usize),
 }
 
+/// `--print-capabilities`: what QEMU's vhost-user.json schema (`VHostUserBackendCapabilities`,
+/// QEMU 4.0 and later) lets a net backend report, its type; the schema defines no features
+/// for `net`.
+pub fn capabilities() -> serde_json::Value {
+    serde_json::json!({ "type": "net" })
+}
+
+/// How a guest port meets its frontend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `--socket PATH`: the daemon binds PATH and listens.
+    Listen(PathBuf),
+    /// `--fd N`: a socket someone else bound, already listening.
+    Inherited(RawFd),
+    /// `--socket PATH --client`: the frontend listens at PATH; the daemon connects.
+    Connect(PathBuf),
+}
+
 /// A guest port's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestPortConfig {
-    pub socket: PathBuf,
+    pub endpoint: Endpoint,
     pub mac: MacAddr,
 }
 
@@ -355,17 +391,27 @@ fn default_mac(i: usize) -> MacAddr {
 
 impl RunArgs {
     /// The guest ports, their MACs and sizes, the tap and the QMP followers.
+    /// Guest ports: one per --socket, or one per --fd (clap refuses both at once).
+    fn guest_count(&self) -> usize {
+        self.sockets.len() + self.fds.len()
+    }
+
     fn check_ports(&self) -> Result<(), ConfigError> {
-        if self.sockets.is_empty() {
+        if self.guest_count() == 0 {
             return Err(ConfigError::NoSocket);
+        }
+        for (i, fd) in self.fds.iter().enumerate() {
+            if self.fds[..i].contains(fd) {
+                return Err(ConfigError::DuplicateFd(*fd));
+            }
         }
         if self.queues == 0 || self.queues > MAX_QUEUE_PAIRS {
             return Err(ConfigError::Queues(self.queues));
         }
-        if self.macs.len() > self.sockets.len() {
+        if self.macs.len() > self.guest_count() {
             return Err(ConfigError::TooManyMacs {
                 macs: self.macs.len(),
-                sockets: self.sockets.len(),
+                sockets: self.guest_count(),
             });
         }
         if let Some(m) = self.macs.iter().find(|m| m.is_multicast()) {
@@ -380,10 +426,10 @@ impl RunArgs {
             }
         }
         for (i, q) in self.qmp.iter().enumerate() {
-            if q.port >= self.sockets.len() {
+            if q.port >= self.guest_count() {
                 return Err(ConfigError::QmpPort {
                     port: q.port,
-                    ports: self.sockets.len(),
+                    ports: self.guest_count(),
                 });
             }
             if self.qmp[..i].iter().any(|o| o.port == q.port) {
@@ -426,7 +472,7 @@ impl RunArgs {
 
     /// Rules that name ports, the router they need, and sockets named twice.
     fn check_rules(&self) -> Result<(), ConfigError> {
-        let nports = self.sockets.len() + usize::from(self.tap.is_some());
+        let nports = self.guest_count() + usize::from(self.tap.is_some());
         check_named_ports("--csum-action", &self.csum_actions, nports)?;
         check_named_ports("--router-ip", &self.router_ips, nports)?;
         check_named_ports("--route", &self.routes, nports)?;
@@ -458,12 +504,15 @@ impl TryFrom<RunArgs> for Config {
             mode: parse_mode(&a.socket_mode)?,
             group: a.socket_group.as_deref().map(resolve_group).transpose()?,
         };
-        let guests = a
-            .sockets
-            .into_iter()
+        let endpoints = a.sockets.into_iter().map(|p| match a.client {
+            true => Endpoint::Connect(p),
+            false => Endpoint::Listen(p),
+        });
+        let guests = endpoints
+            .chain(a.fds.iter().copied().map(Endpoint::Inherited))
             .enumerate()
-            .map(|(i, socket)| GuestPortConfig {
-                socket,
+            .map(|(i, endpoint)| GuestPortConfig {
+                endpoint,
                 mac: a.macs.get(i).copied().unwrap_or_else(|| default_mac(i)),
             })
             .collect();

@@ -5,6 +5,7 @@
 //! bound and closes the taps.
 
 use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use thiserror::Error;
 
-use crate::config::Config;
+use crate::config::{Config, Endpoint, GuestPortConfig};
 use crate::control::metrics::{self, MetricsError};
 use crate::control::server::ControlError;
 use crate::control::view::PortRef;
@@ -25,6 +26,7 @@ use crate::pipeline::Switch;
 use crate::ports::tap::{TapError, TapPort};
 use crate::ports::vhost_user::{FilterConfig, GuestPort, VhostPortError};
 use crate::stop::{self, Stop, Stoppable};
+use crate::unix_socket;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -128,11 +130,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let mut guests = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {
-        let port = Arc::new(guest_port(cfg, id, g.mac, g.socket.clone(), switch.clone()));
-        let listener = port
-            .bind(cfg.socket_access)
-            .map_err(|source| StartError::Port { port: id, source })?;
-        started.owned.push(g.socket.clone());
+        let (port, listener) = open_guest(cfg, id, g, &switch, &mut started)?;
         switch.attach(id, port.clone());
         ports.push(PortRef::Guest(port.clone()));
         guests.push(port.clone());
@@ -160,10 +158,22 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     for (port, listener) in listeners {
         let (id, stop) = (port.id, stop.clone());
         let waker = port.clone();
+        // Woken by ending its connection; a listener's thread also by a knock on its socket,
+        // so that a waiting accept returns (a client's thread sees the stop between tries).
+        let knock = listener.as_ref().and_then(|l| l.local_addr().ok());
+        let wake = move || {
+            waker.hang_up();
+            if let Some(addr) = &knock {
+                let _ = UnixStream::connect_addr(addr);
+            }
+        };
         let r = thread::Builder::new()
             .name(format!("vnic-port{id}"))
-            .spawn(move || port.serve(listener, stop))
-            .map(|h| Stoppable::new(format!("port {id}"), h, move || waker.wake()));
+            .spawn(move || match listener {
+                Some(l) => port.serve(l, stop),
+                None => port.serve_as_client(stop),
+            })
+            .map(|h| Stoppable::new(format!("port {id}"), h, wake));
         spawned(format!("port {id}"), r, &mut started.ports)?;
     }
     for spec in &cfg.qmp {
@@ -192,6 +202,36 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// Makes guest port `id` and, unless it connects to its frontend (`--client`), the socket it
+/// listens on: bound here (and removed when the daemon stops), or inherited (`--fd`, never
+/// removed: whoever made it owns it).
+fn open_guest(
+    cfg: &Config,
+    id: usize,
+    g: &GuestPortConfig,
+    switch: &Arc<Switch>,
+    started: &mut Started,
+) -> Result<(Arc<GuestPort>, Option<UnixListener>), StartError> {
+    let failed = |source| StartError::Port { port: id, source };
+    let port = |name: PathBuf| Arc::new(guest_port(cfg, id, g.mac, name, switch.clone()));
+    Ok(match &g.endpoint {
+        Endpoint::Listen(path) => {
+            let p = port(path.clone());
+            let listener = p.bind(cfg.socket_access).map_err(failed)?;
+            started.owned.push(path.clone());
+            (p, Some(listener))
+        }
+        Endpoint::Inherited(fd) => {
+            let (listener, path) = unix_socket::inherited(*fd)
+                .map_err(VhostPortError::Bind)
+                .map_err(failed)?;
+            let name = path.unwrap_or_else(|| PathBuf::from(format!("fd {fd}")));
+            (port(name), Some(listener))
+        }
+        Endpoint::Connect(path) => (port(path.clone()), None),
+    })
 }
 
 /// Opens the tap (the last port), attaches it and starts its readers.

@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use log::{error, info};
+use sd_notify::NotifyState;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -16,6 +17,12 @@ fn main() -> ExitCode {
     // and the daemon goes on. Its message goes through the log, so a guest that found a
     // way to repeat one is held to the log's rate limit instead of flooding stderr.
     std::panic::set_hook(Box::new(|info| log::error!("bug: {info}")));
+    // QEMU's backend program conventions (docs/interop/vhost-user.rst): print and exit,
+    // whatever else the command line holds.
+    if std::env::args_os().skip(1).any(|a| a == "--print-capabilities") {
+        println!("{}", dpaa_vnic::config::capabilities());
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Ctl(c)) => {
@@ -68,8 +75,13 @@ fn run(cfg: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // systemd's Type=notify: serving from here on (a no-op without NOTIFY_SOCKET).
+    if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
+        log::warn!("telling the service manager the daemon is ready: {e}");
+    }
     if let Some(sig) = signals.forever().next() {
         info!("signal {sig}: shutting down");
+        let _ = sd_notify::notify(&[NotifyState::Stopping]);
     }
     // Stops the threads in order and joins them, removes the sockets, closes the taps.
     drop(running);

@@ -3,13 +3,13 @@
 //! a stale socket.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Gid;
-use socket2::{Domain, SockAddr, Socket, Type};
+use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 use thiserror::Error;
 
 /// Pending connections the kernel keeps per socket (one guest per port; a few `ctl` clients).
@@ -65,6 +65,52 @@ pub enum SocketError {
         #[source]
         source: io::Error,
     },
+    #[error("--fd {0}: descriptors 0, 1 and 2 are stdin, stdout and stderr, not a socket")]
+    StdioFd(RawFd),
+    #[error("--fd {fd} is not open in this process (was it passed to the daemon?)")]
+    NotOpen {
+        fd: RawFd,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--fd {0} is not a listening Unix stream socket (the vhost-user socket, bound and listening)")]
+    NotAListener(RawFd),
+}
+
+/// A listening socket the daemon was started with (QEMU's backend program conventions'
+/// `--fd`; systemd socket activation, libvirt, a jailer): descriptor `fd` must be open, a
+/// Unix stream socket, and listening. Returns it with the path it is bound to, if any. It
+/// is never unlinked: whoever made it owns the file.
+pub fn inherited(fd: RawFd) -> Result<(UnixListener, Option<PathBuf>), SocketError> {
+    if (0..=2).contains(&fd) {
+        return Err(SocketError::StdioFd(fd));
+    }
+    // SAFETY: F_GETFD reads a descriptor's flags and changes nothing; on a number that is
+    // not an open descriptor it fails with EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(SocketError::NotOpen {
+            fd,
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is open (checked above) and only borrowed, for the checks below, while
+    // nothing closes it.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let sock = SockRef::from(&borrowed);
+    match (sock.domain(), sock.r#type(), sock.is_listener()) {
+        (Ok(Domain::UNIX), Ok(Type::STREAM), Ok(true)) => {}
+        _ => return Err(SocketError::NotAListener(fd)),
+    }
+    // Not handed on to anything the daemon might execute.
+    let _ = sock.set_cloexec(true);
+    // SAFETY: the process was given `fd` for this use, it is an open listening socket, and
+    // nothing else in the daemon owns it (config.rs refuses the same --fd twice).
+    let listener = unsafe { UnixListener::from_raw_fd(fd) };
+    let path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf));
+    Ok((listener, path))
 }
 
 /// Binds a listening socket at `path`. A stale socket there (nobody accepts on it) is
@@ -127,6 +173,33 @@ fn remove_stale(path: &Path) -> Result<(), SocketError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inherited_descriptor_must_be_an_open_listening_unix_stream_socket() {
+        use std::os::fd::IntoRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inherited.sock");
+        let fd = UnixListener::bind(&path).unwrap().into_raw_fd();
+        let (listener, named) = inherited(fd).unwrap();
+        assert_eq!(named.as_deref(), Some(path.as_path()));
+        let _peer = UnixStream::connect(&path).unwrap();
+        assert!(listener.accept().is_ok());
+
+        let (a, _b) = UnixStream::pair().unwrap();
+        let fd = a.into_raw_fd();
+        assert!(matches!(inherited(fd), Err(SocketError::NotAListener(f)) if f == fd));
+        // SAFETY: `fd` came from into_raw_fd above and was refused, so it is still ours.
+        drop(unsafe { UnixStream::from_raw_fd(fd) });
+
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert!(matches!(
+            inherited(file.as_raw_fd()),
+            Err(SocketError::NotAListener(_))
+        ));
+        assert!(matches!(inherited(1), Err(SocketError::StdioFd(1))));
+        // A number far above any descriptor this test process holds.
+        assert!(matches!(inherited(1 << 20), Err(SocketError::NotOpen { .. })));
+    }
     use std::os::unix::fs::MetadataExt;
 
     #[test]

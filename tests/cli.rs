@@ -374,3 +374,139 @@ fn a_tap_without_permission_names_the_capability_and_the_command() {
         assert!(!sock.exists(), "socket left behind");
     }
 }
+
+/// QEMU's backend program conventions: `--print-capabilities` prints the JSON the
+/// vhost-user.json schema describes and exits 0, whatever else is on the command line.
+#[test]
+fn print_capabilities_follows_qemus_schema() {
+    let out = Command::new(BIN)
+        .args(["--print-capabilities", "--no-such-option", "--queues", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({"type": "net"}));
+}
+
+/// The first vhost-user answer a frontend gets on `stream`: the device's features.
+fn features_over(stream: std::os::unix::net::UnixStream) -> u64 {
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend;
+    let fe = Frontend::from_stream(stream, 3);
+    fe.get_features().expect("GET_FEATURES answered")
+}
+
+/// Sends SIGTERM and waits (at most 10 s) for a clean exit.
+fn terminate(d: &mut Daemon) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "daemon ignored SIGTERM");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// Socket activation as systemd does it: the socket is made, bound and listening before
+/// the daemon runs, and handed over as a descriptor (`--fd`, here descriptor 7). The
+/// daemon tells the service manager when it is ready (`NOTIFY_SOCKET`), serves a frontend
+/// on the inherited socket, and on SIGTERM says it is stopping and leaves the socket file
+/// to its owner.
+#[test]
+fn an_inherited_socket_is_served_and_readiness_is_notified() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("activated.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--fd", "7"])
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: only dup2(2), async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut d = Daemon(cmd.spawn().unwrap());
+    drop(listener);
+    let mut buf = [0u8; 256];
+    let n = notify.recv(&mut buf).expect("READY=1 within 15 s");
+    assert_eq!(&buf[..n], b"READY=1\n");
+    let features = features_over(UnixStream::connect(&path).unwrap());
+    assert_ne!(features & (1 << 32), 0, "VERSION_1 offered: {features:#x}");
+    terminate(&mut d);
+    let n = notify.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"STOPPING=1\n");
+    assert!(path.exists(), "the daemon removed a socket it did not make");
+}
+
+/// `--fd` refuses what is not a listening Unix socket, and the same descriptor twice.
+#[test]
+fn a_bad_inherited_descriptor_is_refused_clearly() {
+    let (code, err) = run(&["--fd", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("stdin, stdout and stderr"), "{err}");
+    let (code, err) = run(&["--fd", "900"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--fd 900 is not open"), "{err}");
+    let (code, err) = run(&["--fd", "9", "--fd", "9"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--fd 9 is given twice"), "{err}");
+    let (code, err) = run(&["--fd", "9", "--socket", "/tmp/x.sock"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+}
+
+/// `--client`: the frontend owns the socket (QEMU `server=on`); the daemon waits for it to
+/// listen, connects, connects again after the frontend goes, and stops at once on SIGTERM
+/// even while it waits.
+#[test]
+fn client_mode_connects_to_a_listening_frontend_and_again_after_it_goes() {
+    use std::os::unix::net::UnixListener;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qemu.sock");
+    // The daemon starts first, as libvirt may order it: it waits for the socket.
+    let mut d = Daemon(
+        Command::new(BIN)
+            .args(["--socket-path", path.to_str().unwrap(), "--client"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    thread::sleep(Duration::from_millis(300));
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let accept = |what: &str| {
+        let mut got = None;
+        wait_until(what, || {
+            got = listener.accept().ok();
+            got.is_some()
+        });
+        let (s, _) = got.unwrap();
+        s.set_nonblocking(false).unwrap();
+        s
+    };
+    let features = features_over(accept("the daemon's first connection"));
+    assert_ne!(features & (1 << 32), 0, "{features:#x}");
+    // features_over dropped the frontend: the daemon comes back.
+    let again = accept("the daemon's second connection");
+    drop(again);
+    terminate(&mut d);
+    assert!(path.exists(), "the daemon removed the frontend's socket");
+}

@@ -75,6 +75,10 @@ pub enum VhostPortError {
     Relay(#[source] proxy::ProxyError),
 }
 
+/// How often `--client` tries to connect while no frontend listens: short enough that a
+/// QEMU started after the daemon is served at once, long enough to cost nothing.
+pub const CLIENT_RETRY: Duration = Duration::from_millis(100);
+
 /// The receive filter a port models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FilterConfig {
@@ -306,7 +310,7 @@ impl GuestPort {
         unix_socket::bind(&self.socket, access).map_err(VhostPortError::Bind)
     }
 
-    /// Serves frontends one after another, forever.
+    /// Serves frontends one after another, as they connect to `listener`, until `stop`.
     pub fn serve(self: Arc<Self>, listener: UnixListener, stop: Stop) {
         for conn in listener.incoming() {
             if stop.requested() {
@@ -314,23 +318,9 @@ impl GuestPort {
             }
             match conn {
                 Ok(stream) => {
-                    match stream.try_clone() {
-                        Ok(c) => {
-                            if !self.frontend.set(c, &stop) {
-                                break;
-                            }
-                        }
-                        // Served all the same; only a stop cannot end this connection.
-                        Err(e) => warn!("port {}: the connection cannot be ended by a stop: {e}", self.id),
+                    if !self.serve_frontend(stream, &stop) {
+                        break;
                     }
-                    self.conn_stats.connections.inc();
-                    info!("port {} ({}): frontend connected", self.id, self.socket.display());
-                    self.connected.store(true, Ordering::Relaxed);
-                    if let Err(e) = self.serve_connection(stream) {
-                        warn!("port {}: connection ended: {}", self.id, error_chain(&e));
-                    }
-                    self.frontend.clear();
-                    self.detach();
                     info!(
                         "port {}: frontend disconnected; waiting for the next one",
                         self.id
@@ -347,14 +337,63 @@ impl GuestPort {
         }
     }
 
-    /// Wakes [`GuestPort::serve`] once its `Stop` is requested: ends the connection being
-    /// served, as a frontend hanging up would, and connects to the port's socket so that a
-    /// waiting `accept` returns.
-    pub fn wake(&self) {
+    /// `--client`: connects to the frontend listening at the port's socket, serves it, and
+    /// connects again once it goes, until `stop`. While nobody listens there it tries again
+    /// every [`CLIENT_RETRY`], and says so once per wait.
+    pub fn serve_as_client(self: Arc<Self>, stop: Stop) {
+        let mut told = false;
+        while !stop.requested() {
+            match UnixStream::connect(&self.socket) {
+                Ok(stream) => {
+                    told = false;
+                    if !self.serve_frontend(stream, &stop) {
+                        break;
+                    }
+                    info!("port {}: frontend disconnected; connecting again", self.id);
+                }
+                Err(e) => {
+                    if !told {
+                        info!(
+                            "port {}: waiting for a frontend to listen at {}: {e}",
+                            self.id,
+                            self.socket.display()
+                        );
+                        told = true;
+                    }
+                    std::thread::sleep(CLIENT_RETRY);
+                }
+            }
+        }
+    }
+
+    /// Serves one frontend until it goes; false if `stop` came first.
+    fn serve_frontend(self: &Arc<Self>, stream: UnixStream, stop: &Stop) -> bool {
+        match stream.try_clone() {
+            Ok(c) => {
+                if !self.frontend.set(c, stop) {
+                    return false;
+                }
+            }
+            // Served all the same; only a stop cannot end this connection.
+            Err(e) => warn!("port {}: the connection cannot be ended by a stop: {e}", self.id),
+        }
+        self.conn_stats.connections.inc();
+        info!("port {} ({}): frontend connected", self.id, self.socket.display());
+        self.connected.store(true, Ordering::Relaxed);
+        if let Err(e) = self.serve_connection(stream) {
+            warn!("port {}: connection ended: {}", self.id, error_chain(&e));
+        }
+        self.frontend.clear();
+        self.detach();
+        true
+    }
+
+    /// Ends the connection being served, as a frontend hanging up would: [`GuestPort::serve`]
+    /// and [`GuestPort::serve_as_client`] return to look at their `Stop`.
+    pub fn hang_up(&self) {
         self.frontend.with(|s| {
             let _ = s.shutdown(Shutdown::Both);
         });
-        let _ = UnixStream::connect(&self.socket);
     }
 
     fn serve_connection(self: &Arc<Self>, frontend: UnixStream) -> Result<(), VhostPortError> {
@@ -591,10 +630,21 @@ fn private_channel(near: &Path) -> io::Result<(Listener, UnixStream, tempfile::T
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let dir = tempfile::Builder::new()
-        .prefix(".dpaa-vnic-")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir_in(parent)?;
+    let builder = || {
+        let mut b = tempfile::Builder::new();
+        b.prefix(".dpaa-vnic-")
+            .permissions(std::fs::Permissions::from_mode(0o700));
+        b
+    };
+    // Beside the socket; failing that (an inherited socket in a directory the daemon may
+    // not write, or no path at all), in the service's runtime directory or the temp dir.
+    let dir = match builder().tempdir_in(parent) {
+        Ok(d) => d,
+        Err(_) => {
+            let runtime = std::env::var_os("RUNTIME_DIRECTORY").map(PathBuf::from);
+            builder().tempdir_in(runtime.unwrap_or_else(std::env::temp_dir))?
+        }
+    };
     let path = dir.path().join("h");
     let listener = UnixListener::bind(&path)?;
     let ours = UnixStream::connect(&path)?;
