@@ -42,6 +42,23 @@ pub struct Cli {
 pub enum Command {
     /// Query a running daemon over its control socket.
     Ctl(CtlArgs),
+    /// Writes the man pages or shell completions into DIR (for packaging: scripts/install).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generated,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generated {
+    /// dpaa-vnic.1 and a page per subcommand (clap_mangen).
+    Man { dir: PathBuf },
+    /// The completion script for SHELL (clap_complete).
+    Completions {
+        shell: clap_complete::Shell,
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -1,12 +1,12 @@
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use log::{error, info};
 use sd_notify::NotifyState;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::config::{Cli, Command, Config, CtlCommand};
+use dpaa_vnic::config::{Cli, Command, Config, CtlCommand, Generated};
 use dpaa_vnic::control::client;
 use dpaa_vnic::daemon;
 use dpaa_vnic::ports::vhost_user::{error_chain, sigbus};
@@ -43,6 +43,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Generate { what }) => match generate(&what) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dpaa-vnic generate: {e}");
+                ExitCode::FAILURE
+            }
+        },
         None => match Config::try_from(cli.run) {
             Ok(cfg) => run(&cfg),
             Err(e) => {
@@ -50,6 +57,20 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// The man pages or a completion script, from the same definitions as `--help`.
+fn generate(what: &Generated) -> std::io::Result<()> {
+    match what {
+        Generated::Man { dir } => {
+            std::fs::create_dir_all(dir)?;
+            clap_mangen::generate_to(Cli::command(), dir)
+        }
+        Generated::Completions { shell, dir } => {
+            std::fs::create_dir_all(dir)?;
+            clap_complete::generate_to(*shell, &mut Cli::command(), "dpaa-vnic", dir).map(drop)
+        }
     }
 }
 
