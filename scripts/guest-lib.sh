@@ -56,9 +56,13 @@ trap 'exit 130' INT TERM
 
 setup_run() {
     [[ -x $VNIC_BIN ]] || die "$VNIC_BIN missing: build with cargo build --release"
+    # Your own kernel (a path): prepared on first use, and again when the file changes.
+    if [[ $VNIC_KERNEL == */* && ! ($GUEST_DIR/.kernel-ready -nt $VNIC_KERNEL && -f $GUEST_DIR/base.cpio) ]]; then
+        "$REPO_ROOT/scripts/provision" || die "preparing kernel $VNIC_KERNEL failed"
+    fi
     [[ -f $QEMU_ROOT/.vnic-ready && -f $GUEST_DIR/base.cpio ]] || die "guest assets missing: run scripts/provision"
-    mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest/$VNIC_KERNEL"
-    cp -u "$GUEST_DIR/kernel" "$QEMU_ROOT/vnic/guest/$VNIC_KERNEL/kernel"
+    mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest/$KERNEL_KEY"
+    cp -u "$GUEST_DIR/kernel" "$QEMU_ROOT/vnic/guest/$KERNEL_KEY/kernel"
 }
 
 # make_netns NAME: a network namespace for the test, removed on exit, IPv6 off so that
@@ -216,7 +220,7 @@ start_guest() {
     timeout "$GUEST_TIMEOUT" "${pre[@]}" chroot "$QEMU_ROOT" qemu-system-x86_64 $(accel_args) -m 256 -smp "$smp" \
         -nographic -no-reboot -nodefaults -serial stdio \
         -machine q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=256M,share=on \
-        -kernel "/vnic/guest/$VNIC_KERNEL/kernel" -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
+        -kernel "/vnic/guest/$KERNEL_KEY/kernel" -initrd "$RUN_IN_CHROOT/$initrd.cpio" \
         -append "console=ttyS0 quiet panic=-1 vnic.name=$name" \
         "${chardev[@]}" $nic ${GUEST_EXTRA_ARGS:-} \
         </dev/null >"$RUN_DIR/$name.log" 2>&1 &

@@ -9,8 +9,20 @@ QEMU_ROOT=$CACHE_DIR/qemu-root
 # Guest kernels: bookworm (Debian 12's 6.1, without the igmp mc_hash change) and trixie-bpo
 # (trixie-backports' 7.x, with it). VNIC_KERNEL picks the one a guest boots.
 GUEST_KERNELS=(bookworm trixie-bpo)
+# VNIC_KERNEL may also be a path (anything with a '/'): your own kernel, a bzImage or an ELF
+# vmlinux, with virtio-net built in or its modules under VNIC_KERNEL_MODULES (a
+# /lib/modules/VERSION tree, or any directory holding the .ko files). scripts/provision
+# prepares it like the named ones, again whenever the file changes.
 VNIC_KERNEL=${VNIC_KERNEL:-bookworm}
-guest_dir() { echo "$CACHE_DIR/guest-$1"; }
+# kernel_key KERNEL: the name a kernel's guest files go under (a path gets a hash of itself).
+kernel_key() {
+    case $1 in
+        */*) echo "custom-$(realpath -m "$1" | sha256sum | cut -c1-12)" ;;
+        *) echo "$1" ;;
+    esac
+}
+KERNEL_KEY=$(kernel_key "$VNIC_KERNEL")
+guest_dir() { echo "$CACHE_DIR/guest-$(kernel_key "$1")"; }
 GUEST_DIR=$(guest_dir "$VNIC_KERNEL")
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
