@@ -240,6 +240,13 @@ fn frame(len: usize) -> Vec<u8> {
 /// `2 * pos` and the next, avail entry `pos`), and publishes it. Positions stop short of
 /// half the ring: MockSplitQueue 0.18 puts the used ring over the avail entries past that.
 fn post_tx(g: &Guest, txq: &MockSplitQueue<'_, GuestMemoryMmap>, pos: u16) {
+    stage_tx(g, txq, pos);
+    txq.avail().idx().store(pos.wrapping_add(1));
+}
+
+/// [`post_tx`] but for the last step: the chain is written, not yet published, so the
+/// daemon cannot take it yet.
+fn stage_tx(g: &Guest, txq: &MockSplitQueue<'_, GuestMemoryMmap>, pos: u16) {
     assert!(pos < QSIZE / 2);
     let slot = 2 * pos;
     let buf = 0x10_0000 + 0x2000 * u64::from(slot);
@@ -256,7 +263,6 @@ fn post_tx(g: &Guest, txq: &MockSplitQueue<'_, GuestMemoryMmap>, pos: u16) {
         .ref_at(usize::from(pos % QSIZE))
         .unwrap()
         .store(slot);
-    txq.avail().idx().store(pos.wrapping_add(1));
 }
 
 /// A new frontend on `port` sets up, sends one frame and sees it counted.
@@ -726,10 +732,13 @@ fn guest_memory_that_shrinks_ends_only_its_connection() {
     case(&mut d, "memory file truncated after mapping", |d| {
         let g = Guest::connect(d.sock(), NET);
         let txq = g.queue(1);
-        post_tx(&g, &txq, 0);
+        stage_tx(&g, &txq, 0);
         // The rings are in the first pages; the frame's buffers at 1 MiB. Cut the file
-        // below the buffers, so only the frame's copy faults.
+        // below the buffers, so only the frame's copy faults. The chain is published only
+        // then: a worker that looks at the ring on its own (at attach) must not copy the
+        // frame before the cut.
         g.file.set_len(0x10_0000).unwrap();
+        txq.avail().idx().store(1);
         g.kick[1].write(1).unwrap();
         wait_until("fault survived", || d.stat(0, "memory_faults") >= 1);
         wait_until("connection ended", || !d.connected(0));
