@@ -9,18 +9,8 @@ source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
 
 N=100
-guest_script() {
-    cat <<GUEST
-peer_listen $N
-wait_carrier eth0 || exit 1
-ip addr add 10.89.0.$1/24 dev eth0
-retry 90 ping -c 1 -W 1 10.89.0.$2 || exit 1
-peer_exchange 10.89.0.$2 $N || exit 1
-report_stats eth0
-GUEST
-}
-guest_script 1 2 | make_initrd a
-guest_script 2 1 | make_initrd b
+pair_script 10.89.0 1 2 $N | make_initrd a
+pair_script 10.89.0 2 1 $N | make_initrd b
 
 start_daemon sw - --client --socket-path "$RUN_DIR/a.sock" --socket-path "$RUN_DIR/b.sock"
 expect_eq "port 0 before QEMU listens" "$(daemon_counter sw 0 connected)" False

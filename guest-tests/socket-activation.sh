@@ -11,18 +11,8 @@ setup_run
 command -v systemd-socket-activate >/dev/null || die "systemd-socket-activate missing (Debian's systemd package)"
 
 N=100
-guest_script() {
-    cat <<GUEST
-peer_listen $N
-wait_carrier eth0 || exit 1
-ip addr add 10.90.0.$1/24 dev eth0
-retry 90 ping -c 1 -W 1 10.90.0.$2 || exit 1
-peer_exchange 10.90.0.$2 $N || exit 1
-report_stats eth0
-GUEST
-}
-guest_script 1 2 | make_initrd a
-guest_script 2 1 | make_initrd b
+pair_script 10.90.0 1 2 $N | make_initrd a
+pair_script 10.90.0 2 1 $N | make_initrd b
 
 # Without --accept, the activator execs the daemon in its own process on the first
 # connection: the PID recorded here is the daemon's.

@@ -110,6 +110,20 @@ stop_daemon() {
     fi
 }
 
+# pair_script NET SELF PEER N: the guest script of one of two guests on a segment: address
+# NET.SELF/24, reach NET.PEER, exchange N counted datagrams each way, report the counters.
+pair_script() {
+    cat <<GUEST
+peer_listen $4
+wait_carrier eth0 || exit 1
+ip addr add $1.$2/24 dev eth0
+retry 90 ping -c 1 -W 1 $1.$3 || exit 1
+ping -c 5 -W 2 $1.$3 | tail -2
+peer_exchange $1.$3 $4 || exit 1
+report_stats eth0
+GUEST
+}
+
 # ctl NAME SUBCOMMAND...: e.g. ctl d0 stats, ctl d0 action add SPEC
 ctl() {
     local name=$1

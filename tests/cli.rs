@@ -146,17 +146,7 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     assert!(sock.exists());
 
     // SIGTERM: clean exit, sockets gone.
-    // SAFETY: plain kill(2) on our own child's pid.
-    unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = d.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "daemon ignored SIGTERM");
-        thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success());
+    terminate(&mut d);
     assert!(!sock.exists() && !ctl.exists() && !sock.with_extension("b").exists());
 }
 
