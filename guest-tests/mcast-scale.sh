@@ -17,6 +17,13 @@ ATTACH=${VNIC_SCALE_ATTACH:-device}
 # refreshes keep them then).
 HOLD=${VNIC_SCALE_HOLD_S:-0}
 read -ra DAEMON_ARGS <<<"${VNIC_SCALE_DAEMON_ARGS:-}"
+# VNIC_SCALE_QMP=1 (net attachment): the daemon follows QEMU's rx filter over a second QMP
+# monitor, as --qmp does under libvirt.
+QMP=${VNIC_SCALE_QMP:-0}
+if ((QMP)); then
+    DAEMON_ARGS+=(--qmp "$RUN_DIR/qmp.sock")
+    export GUEST_EXTRA_ARGS="-qmp unix:$RUN_IN_CHROOT/qmp.sock,server=on,wait=off"
+fi
 IFS=';' read -ra case_list <<<"$CASES"
 
 make_initrd scale <<GUEST
@@ -92,7 +99,7 @@ for c in "${case_list[@]}"; do
     leave_ms=$(console | grep -a "VNIC-TIME case=$k leave total" | sed 's/.*ms=//')
     batches=$(console | grep -a "VNIC-TIME case=$k join batch_end" | sed 's/.*ms=//' | tr '\n' ' ')
     printf 'REPORT %s %-6s x%-5s %s attachment%s, %s filter, %s: join %s ms, leave %s ms; join per 500: %s\n' \
-        "$TEST_NAME" "$mode" "$n" "$ATTACH" "${VNIC_SCALE_DAEMON_ARGS:+ $VNIC_SCALE_DAEMON_ARGS}" "$FILTER" "$(cat "$GUEST_DIR/kernel-package")" "$join_ms" "$leave_ms" "$batches" \
+        "$TEST_NAME" "$mode" "$n" "$ATTACH" "${DAEMON_ARGS[*]:+ ${DAEMON_ARGS[*]}}" "$FILTER" "$(cat "$GUEST_DIR/kernel-package")" "$join_ms" "$leave_ms" "$batches" \
         | tee -a "$RUN_DIR/../reports.txt"
     adds0=$(daemon_counter d 0 filter_adds)
     removes0=$(daemon_counter d 0 filter_removes)
