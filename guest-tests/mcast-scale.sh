@@ -17,13 +17,6 @@ ATTACH=${VNIC_SCALE_ATTACH:-device}
 # refreshes keep them then).
 HOLD=${VNIC_SCALE_HOLD_S:-0}
 read -ra DAEMON_ARGS <<<"${VNIC_SCALE_DAEMON_ARGS:-}"
-# VNIC_SCALE_QMP=1 (net attachment): the daemon follows QEMU's rx filter over a second QMP
-# monitor, as --qmp does under libvirt.
-QMP=${VNIC_SCALE_QMP:-0}
-if ((QMP)); then
-    DAEMON_ARGS+=(--qmp "$RUN_DIR/qmp.sock")
-    export GUEST_EXTRA_ARGS="-qmp unix:$RUN_IN_CHROOT/qmp.sock,server=on,wait=off"
-fi
 IFS=';' read -ra case_list <<<"$CASES"
 
 make_initrd scale <<GUEST
