@@ -201,11 +201,15 @@ accel_args() {
 #   SOCKET_NAME being "NET_SOCKET,DEVICE_SOCKET" (one queue pair each; the net NIC has MAC,
 #   the device NIC the one its daemon serves). GUEST_EXTRA_ARGS are added to QEMU's command
 #   line (paths inside the QEMU root: $RUN_IN_CHROOT/...).
+# Ring size of the device attachment's queues (QEMU's test device defaults to 64, where
+# virtio-net-pci has 256): VNIC_VQ_SIZE, docs/benchmarks.md "Ring size of the device
+# attachment" measured the default, 256 as virtio-net-pci.
+VNIC_VQ_SIZE=${VNIC_VQ_SIZE:-256}
 start_guest() {
     local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}
     local smp=$queues nic
     local net_nic="-netdev vhost-user,id=n0,chardev=c0,queues=$queues -device virtio-net-pci,id=nic0,netdev=n0,mac=$mac,romfile=${GUEST_NIC_OPTS:+,$GUEST_NIC_OPTS}"
-    local device_nic="-device vhost-user-test-device-pci,chardev=CHARDEV,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=24"
+    local device_nic="-device vhost-user-test-device-pci,chardev=CHARDEV,virtio-id=1,num_vqs=$((2 * queues + 1)),config_size=24,vq_size=$VNIC_VQ_SIZE"
     case $mode in
         net)
             nic=$net_nic
