@@ -105,6 +105,15 @@ pub struct TapPort {
     wake: EventFd,
 }
 
+fn raw_ioctl(f: &File, req: libc::Ioctl, arg: *const libc::c_void) -> io::Result<()> {
+    // SAFETY: `f` is an open tun fd and `arg` is what `req` expects: a pointer to a live IfReq
+    // or c_int that outlives the call, or (TUNSETOFFLOAD) the flags passed by value.
+    if unsafe { libc::ioctl(f.as_raw_fd(), req, arg) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn ioctl(
     f: &File,
     name: &str,
@@ -112,17 +121,33 @@ fn ioctl(
     req: libc::Ioctl,
     arg: *const libc::c_void,
 ) -> Result<(), TapError> {
-    // SAFETY: `f` is an open tun fd and `arg` is what `req` expects: a pointer to a live IfReq
-    // or c_int that outlives the call, or (TUNSETOFFLOAD) the flags passed by value.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), req, arg) };
-    if r < 0 {
-        return Err(TapError::Ioctl {
-            what,
-            name: name.to_string(),
-            source: io::Error::last_os_error(),
-        });
+    raw_ioctl(f, req, arg).map_err(|source| TapError::Ioctl {
+        what,
+        name: name.to_string(),
+        source,
+    })
+}
+
+/// TUNSETIFF's failure, with what the operator can do about the two common ones.
+fn tunsetiff_error(name: &str, multi_queue: bool, source: io::Error) -> TapError {
+    let name = name.to_string();
+    match source.raw_os_error() {
+        Some(libc::EPERM) => TapError::NotPermitted {
+            name,
+            multi_queue,
+            source,
+        },
+        Some(libc::EINVAL) => TapError::OtherFlags {
+            name,
+            multi_queue,
+            source,
+        },
+        _ => TapError::Ioctl {
+            what: "TUNSETIFF",
+            name,
+            source,
+        },
     }
-    Ok(())
 }
 
 impl TapPort {
@@ -165,33 +190,8 @@ impl TapPort {
             }
             req.name[..name.len()].copy_from_slice(name.as_bytes());
             let multi_queue = queues > 1;
-            ioctl(
-                &f,
-                name,
-                "TUNSETIFF",
-                libc::TUNSETIFF,
-                (&req as *const IfReq).cast(),
-            )
-            .map_err(|e| match e {
-                TapError::Ioctl { name, source, .. } => match source.raw_os_error() {
-                    Some(libc::EPERM) => TapError::NotPermitted {
-                        name,
-                        multi_queue,
-                        source,
-                    },
-                    Some(libc::EINVAL) => TapError::OtherFlags {
-                        name,
-                        multi_queue,
-                        source,
-                    },
-                    _ => TapError::Ioctl {
-                        what: "TUNSETIFF",
-                        name,
-                        source,
-                    },
-                },
-                other => other,
-            })?;
+            raw_ioctl(&f, libc::TUNSETIFF, (&req as *const IfReq).cast())
+                .map_err(|source| tunsetiff_error(name, multi_queue, source))?;
             let hdr_len: libc::c_int = HDR_LEN as libc::c_int;
             ioctl(
                 &f,
