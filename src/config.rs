@@ -16,6 +16,7 @@ use crate::pipeline::router::neigh::DEFAULT_NEIGH_LIMIT;
 use crate::pipeline::router::{Route, RouterIf};
 use crate::pipeline::rules::NamesPort;
 use crate::pipeline::source_lock::MacLock;
+use crate::ports::poll::PollConfig;
 use crate::ports::vhost_user::CtrlTuning;
 use crate::unix_socket::SocketAccess;
 use crate::wire::MacAddr;
@@ -173,6 +174,16 @@ pub struct RunArgs {
     /// build with `--features ctrl-placement`.
     #[arg(long)]
     pub ctrl_placement: bool,
+    /// Opt-in poll mode: N threads busy-poll the guests' TX queues (queues spread over them
+    /// in turn) and carry each frame to its destination, with no kick or wake-up, as DPDK's
+    /// PMD threads do. Each thread keeps a whole CPU busy even when no frame passes; where
+    /// they run is left to taskset, systemd or libvirt. Default: event-driven
+    #[arg(long, value_name = "N", conflicts_with = "poll_cpus")]
+    pub poll: Option<usize>,
+    /// Opt-in poll mode with one thread per listed CPU, each pinned to its CPU (e.g. `2,3`
+    /// or `2-5`); otherwise as --poll
+    #[arg(long, value_name = "LIST")]
+    pub poll_cpus: Option<String>,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
     /// NIC when QEMU has several. Repeat for more ports.
@@ -256,6 +267,16 @@ pub enum ConfigError {
     MulticastMac(MacAddr),
     #[error("--mtu {0} is out of range 68..=65535")]
     Mtu(u16),
+    #[error("--poll {0} is out of range 1..={MAX_POLL_THREADS}")]
+    PollThreads(usize),
+    #[error("--poll-cpus {0:?} is not a list of distinct CPUs such as `2,3` or `2-5`")]
+    PollCpus(String),
+    #[error("--poll-cpus {list:?}: a CPU is not a number")]
+    PollCpu {
+        list: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
     #[error("--tap {0:?}: interface names are 1 to 15 bytes")]
     TapName(String),
     #[error("--socket {0} is given twice")]
@@ -356,6 +377,48 @@ pub struct Config {
     pub fdb_limit: usize,
     pub neigh_limit: usize,
     pub snoop_max_groups: usize,
+    /// `--poll` / `--poll-cpus`: poll threads instead of kicks (`None`: event-driven).
+    pub poll: Option<PollConfig>,
+}
+
+/// Poll threads a daemon may start: more than the CPUs of any host this is run on.
+pub const MAX_POLL_THREADS: usize = 64;
+
+/// `--poll-cpus`: CPUs as a comma-separated list of numbers and ranges (`2,3`, `2-5`), each
+/// named once, as taskset's and cgroups' cpu lists are written.
+fn parse_cpu_list(s: &str) -> Result<Vec<usize>, ConfigError> {
+    let bad = || ConfigError::PollCpus(s.to_string());
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let cpu = |n: &str| {
+            n.trim().parse::<usize>().map_err(|source| ConfigError::PollCpu {
+                list: s.to_string(),
+                source,
+            })
+        };
+        let (a, b) = (cpu(a)?, cpu(b)?);
+        if a > b || b >= nix::sched::CpuSet::count() {
+            return Err(bad());
+        }
+        for c in a..=b {
+            if cpus.contains(&c) || cpus.len() == MAX_POLL_THREADS {
+                return Err(bad());
+            }
+            cpus.push(c);
+        }
+    }
+    Ok(cpus)
+}
+
+/// The poll mode `--poll` or `--poll-cpus` asks for, if either.
+fn poll_config(threads: Option<usize>, cpus: Option<&str>) -> Result<Option<PollConfig>, ConfigError> {
+    match (threads, cpus) {
+        (Some(n), _) if n == 0 || n > MAX_POLL_THREADS => Err(ConfigError::PollThreads(n)),
+        (Some(n), _) => Ok(Some(PollConfig::Threads(n))),
+        (None, Some(list)) => Ok(Some(PollConfig::Cpus(parse_cpu_list(list)?))),
+        (None, None) => Ok(None),
+    }
 }
 
 /// `--socket-mode`: octal permission bits that let the owner read and write.
@@ -517,6 +580,7 @@ impl TryFrom<RunArgs> for Config {
             .as_deref()
             .map(|spec| metrics_addr(spec, a.metrics_wildcard))
             .transpose()?;
+        let poll = poll_config(a.poll, a.poll_cpus.as_deref())?;
         let socket_access = SocketAccess {
             mode: parse_mode(&a.socket_mode)?,
             group: a.socket_group.as_deref().map(resolve_group).transpose()?,
@@ -557,6 +621,7 @@ impl TryFrom<RunArgs> for Config {
             router_ips: a.router_ips,
             routes: a.routes,
             mac_lock: a.port_mac_lock,
+            poll,
             fdb_limit: a.fdb_limit,
             neigh_limit: a.neigh_limit,
             snoop_max_groups: a.snoop_max_groups,
@@ -597,6 +662,29 @@ mod tests {
         // Nothing about the daemon's scheduling changes unless asked for.
         assert_eq!(c.ctrl.wake_priority, 0);
         assert!(!c.ctrl.placement);
+        // Event-driven unless poll mode is asked for.
+        assert_eq!(c.poll, None);
+    }
+
+    #[test]
+    fn poll_mode_options() {
+        let p = |args: &[&str]| parse(&[&["--socket", "a"], args].concat()).map(|c| c.poll);
+        assert_eq!(p(&["--poll", "2"]).unwrap(), Some(PollConfig::Threads(2)));
+        assert_eq!(
+            p(&["--poll-cpus", "1,3-4"]).unwrap(),
+            Some(PollConfig::Cpus(vec![1, 3, 4]))
+        );
+        for bad in ["", "1,1", "4-3", "x", "1-", "99999"] {
+            assert!(
+                matches!(
+                    p(&["--poll-cpus", bad]),
+                    Err(ConfigError::PollCpus(_) | ConfigError::PollCpu { .. })
+                ),
+                "--poll-cpus {bad:?} accepted"
+            );
+        }
+        assert!(matches!(p(&["--poll", "0"]), Err(ConfigError::PollThreads(0))));
+        assert!(matches!(p(&["--poll", "65"]), Err(ConfigError::PollThreads(65))));
     }
 
     #[test]

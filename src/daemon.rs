@@ -23,6 +23,7 @@ use crate::device::NetConfig;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
+use crate::ports::poll::{PollError, PollGroup};
 use crate::ports::tap::{TapError, TapPort};
 use crate::ports::vhost_user::{FilterConfig, GuestPort, VhostPortError};
 use crate::stop::{self, Stop, Stoppable};
@@ -42,6 +43,8 @@ pub enum StartError {
     Control(#[source] ControlError),
     #[error("metrics endpoint")]
     Metrics(#[source] MetricsError),
+    #[error("poll mode")]
+    Poll(#[source] PollError),
     #[error("starting the {what} thread")]
     Spawn {
         what: String,
@@ -64,6 +67,8 @@ struct Started {
     stop: Stop,
     owned: Vec<PathBuf>,
     servers: Vec<Stoppable>,
+    /// Poll mode's threads: stopped before the ports, whose connections they serve.
+    poll: Vec<Stoppable>,
     ports: Vec<Stoppable>,
     taps: Vec<Stoppable>,
 }
@@ -73,7 +78,7 @@ impl Drop for Started {
         self.stop.request();
         let deadline = Instant::now() + STOP_WITHIN;
         let mut late = 0;
-        for group in [&mut self.servers, &mut self.ports, &mut self.taps] {
+        for group in [&mut self.servers, &mut self.poll, &mut self.ports, &mut self.taps] {
             late += stop::stop_all(std::mem::take(group), deadline);
         }
         if late > 0 {
@@ -103,7 +108,7 @@ impl Running {
     /// not the per-connection threads these start).
     pub fn threads(&self) -> usize {
         let s = &self.started;
-        s.servers.len() + s.ports.len() + s.taps.len()
+        s.servers.len() + s.poll.len() + s.ports.len() + s.taps.len()
     }
 }
 
@@ -126,11 +131,15 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let mut started = Started::default();
     let stop = started.stop.clone();
     let switch = Arc::new(switch(cfg));
+    let poll = match &cfg.poll {
+        Some(p) => Some(PollGroup::start(p, &stop, &mut started.poll).map_err(StartError::Poll)?),
+        None => None,
+    };
     let mut ports = Vec::new();
     let mut guests = Vec::new();
     let mut listeners = Vec::new();
     for (id, g) in cfg.guests.iter().enumerate() {
-        let (port, listener) = open_guest(cfg, id, g, &switch, &mut started)?;
+        let (port, listener) = open_guest(cfg, id, g, &switch, poll.as_ref(), &mut started)?;
         switch.attach(id, port.clone());
         ports.push(PortRef::Guest(port.clone()));
         guests.push(port.clone());
@@ -212,10 +221,17 @@ fn open_guest(
     id: usize,
     g: &GuestPortConfig,
     switch: &Arc<Switch>,
+    poll: Option<&Arc<PollGroup>>,
     started: &mut Started,
 ) -> Result<(Arc<GuestPort>, Option<UnixListener>), StartError> {
     let failed = |source| StartError::Port { port: id, source };
-    let port = |name: PathBuf| Arc::new(guest_port(cfg, id, g.mac, name, switch.clone()));
+    let port = |name: PathBuf| {
+        let p = guest_port(cfg, id, g.mac, name, switch.clone());
+        Arc::new(match poll {
+            Some(group) => p.with_poll(group.clone()),
+            None => p,
+        })
+    };
     Ok(match &g.endpoint {
         Endpoint::Listen(path) => {
             let p = port(path.clone());

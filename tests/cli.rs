@@ -32,6 +32,12 @@ fn bad_arguments_exit_2_with_a_message() {
             "--tap",
         ),
         (&["--bogus"], "--bogus"),
+        (&["--socket", "/tmp/x.sock", "--poll", "0"], "--poll 0"),
+        (&["--socket", "/tmp/x.sock", "--poll-cpus", "2-1"], "--poll-cpus"),
+        (
+            &["--socket", "/tmp/x.sock", "--poll", "1", "--poll-cpus", "1"],
+            "cannot be used with",
+        ),
         (&["ctl", "stats"], "--control"),
         (
             &["--socket", "/tmp/x.sock", "--csum-action", "port=0,update=udp"],

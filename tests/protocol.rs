@@ -15,6 +15,7 @@ use dpaa_vnic::device::features::Attachment;
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Packet, Switch};
+use dpaa_vnic::ports::poll::{PollConfig, PollGroup};
 use dpaa_vnic::ports::vhost_user::{CtrlTuning, FilterConfig, GuestPort};
 use dpaa_vnic::stats::{Tally, TallyHandle};
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
@@ -67,6 +68,11 @@ fn rig_with(ctrl: CtrlTuning) -> Rig {
 
 /// `snoop`: the port snoops (`--snoop`, with this timeout).
 fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
+    rig_port(ctrl, snoop, None)
+}
+
+/// `poll`: the port's TX queue is served by this poll group's threads (`--poll`).
+fn rig_port(ctrl: CtrlTuning, snoop: Option<Option<Duration>>, poll: Option<Arc<PollGroup>>) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vnic.sock");
     let switch = Arc::new(Switch::new(2));
@@ -82,15 +88,11 @@ fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
         snoop,
         snoop_max_groups: 16_384,
     };
-    let port = Arc::new(GuestPort::new(
-        0,
-        path.clone(),
-        1,
-        cfg,
-        filter,
-        ctrl,
-        switch.clone(),
-    ));
+    let port = GuestPort::new(0, path.clone(), 1, cfg, filter, ctrl, switch.clone());
+    let port = Arc::new(match poll {
+        Some(group) => port.with_poll(group),
+        None => port,
+    });
     let sink = Arc::new(Sink::default());
     switch.attach(0, port.clone());
     switch.attach(1, sink.clone());
@@ -130,6 +132,7 @@ fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: Virtio
             },
             &mut Vec::new(),
         );
+        r.port.flush();
         rxq.used().idx().load() == 1
     });
 }
@@ -199,6 +202,65 @@ fn tx_one(g: &Guest, txq: &MockSplitQueue<'_, GuestMemoryMmap>, slot: u16, used:
     thread::sleep(Duration::from_millis(50));
 }
 
+/// VRING_USED_F_NO_NOTIFY in a used ring's flags (its first u16).
+const USED_F_NO_NOTIFY: u16 = 1;
+
+/// Poll mode: frames the driver never kicks for are served, the driver is told not to
+/// notify the polled queue, and the queue leaves the poll thread's round with the driver.
+#[test]
+fn poll_mode_serves_tx_without_kicks() {
+    let stop = dpaa_vnic::stop::Stop::default();
+    let mut threads = Vec::new();
+    let group = PollGroup::start(&PollConfig::Threads(1), &stop, &mut threads).unwrap();
+    let r = rig_port(CtrlTuning::default(), None, Some(group.clone()));
+    let g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
+    let txq = g.queue(1);
+    wait_until("TX queue in the poll round", || group.len() == 1);
+    for (i, slot) in [0u16, 2, 4].into_iter().enumerate() {
+        let f = frame("ff:ff:ff:ff:ff:ff", 60);
+        let at = 0x10_0000 + 0x2000 * i as u64;
+        g.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
+        g.mem.write_slice(&f, GuestAddress(at + 0x1000)).unwrap();
+        txq.add_desc_chains(
+            &[d(at, HDR as u32, F_NEXT, slot + 1), d(at + 0x1000, 60, 0, 0)],
+            slot,
+        )
+        .unwrap();
+        // No kick: the poll thread finds it.
+        wait_until("TX chain used without a kick", || {
+            txq.used().idx().load() == i as u16 + 1
+        });
+    }
+    assert_eq!(r.sink.0.lock().unwrap().len(), 3, "every polled frame forwarded");
+    let flags: u16 = g.mem.read_obj(txq.used_addr()).unwrap();
+    assert_eq!(
+        u16::from_le(flags) & USED_F_NO_NOTIFY,
+        USED_F_NO_NOTIFY,
+        "the driver is told not to kick a polled queue"
+    );
+    let s = r.port.stats()[0];
+    assert_eq!(s.tx_packets, 3);
+    drop(g);
+    wait_until("the queue leaves the round with its driver", || group.is_empty());
+    stop.request();
+    let late = dpaa_vnic::stop::stop_all(threads, std::time::Instant::now() + Duration::from_secs(5));
+    assert_eq!(late, 0);
+}
+
+/// A refill kick on an RX queue is answered by asking the driver to stop: nothing waits for
+/// RX buffers, so the kick is only a cost to both sides.
+#[test]
+fn rx_refill_kicks_are_turned_off() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    post_rx_buffers(&g, &rxq);
+    wait_until("RX ring told not to notify", || {
+        let flags: u16 = g.mem.read_obj(rxq.used_addr()).unwrap();
+        u16::from_le(flags) & USED_F_NO_NOTIFY != 0
+    });
+}
+
 /// The driver set VRING_AVAIL_F_NO_INTERRUPT: completions must not interrupt it.
 #[test]
 fn no_interrupt_flag_is_honoured() {
@@ -262,6 +324,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
         },
         &mut Vec::new(),
     );
+    r.port.flush();
     let mut f3 = f.clone();
     r.port.send(
         &r.tally,
@@ -272,6 +335,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
         },
         &mut Vec::new(),
     );
+    r.port.flush();
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
     assert!(s.rx_dropped >= 1);
@@ -312,6 +376,7 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
         },
         &mut Vec::new(),
     );
+    r.port.flush();
     let s = r.port.stats()[0];
     assert_eq!((s.rx_packets, s.rx_filtered), (1, filtered + 1));
     assert_eq!(rxq.used().idx().load(), 1);
@@ -751,6 +816,7 @@ fn tso_frame_is_segmented_for_a_guest_without_guest_tso() {
                 },
                 &mut Vec::new(),
             );
+            r.port.flush();
         }
         rxq.used().idx().load() >= 3
     });

@@ -27,7 +27,17 @@ pub trait Egress: Send + Sync {
     /// counted in `tally`, the sending worker's own counters. A port that must cut a GSO
     /// frame into segments builds them in `segment`, the sending worker's buffer.
     fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>);
+
+    /// Finishes what `send` may defer to the end of a burst: a guest port checks once
+    /// whether its driver wants an interrupt for every frame written since, instead of once
+    /// per frame. Every worker that forwards calls [`Switch::flush`] after a burst.
+    fn flush(&self) {}
 }
+
+/// Frames a worker forwards before it flushes the ports it wrote to, even when its burst
+/// goes on: Linux vhost-net signals its used entries in batches of VHOST_NET_BATCH (64)
+/// too, so a receiving guest never waits for a whole burst.
+pub const FLUSH_BATCH: usize = 64;
 
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
 /// counters, its route cache).
@@ -157,6 +167,16 @@ impl Switch {
         self.ports.len()
     }
 
+    /// Completes every port's deferred work (see [`Egress::flush`]): called by each worker
+    /// after a burst of [`Switch::forward`]s, at least every [`FLUSH_BATCH`] frames.
+    pub fn flush(&self) {
+        for p in self.ports.iter().filter_map(OnceLock::get) {
+            p.flush();
+        }
+    }
+
+    /// Sends one frame where it goes. Guest ports defer their interrupts: the caller calls
+    /// [`Switch::flush`] after its burst.
     pub fn forward(&self, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
         let rules = self.rules.load();
         let src = from.port;

@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::WarnLimiter;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
+use crate::pipeline::switch::FLUSH_BATCH;
 use crate::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
 use crate::stats::{QueueSnapshot, QueueStats, Tallies, Tally};
 use crate::stop::{Stop, Stoppable};
@@ -287,11 +288,15 @@ impl TapPort {
         let stats = tally.at(self.id, q);
         let mut f = &self.queues[q];
         let mut events = [EpollEvent::default(); 2];
+        let mut unflushed = 0usize;
         while !stop.requested() {
             let n = match f.read(&mut buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Nothing more to read: the burst is over.
+                    switch.flush();
+                    unflushed = 0;
                     match epoll.wait(-1, &mut events) {
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -336,7 +341,13 @@ impl TapPort {
                 bufs: &mut bufs,
             };
             switch.forward(&mut from, &mut pkt);
+            unflushed += 1;
+            if unflushed == FLUSH_BATCH {
+                switch.flush();
+                unflushed = 0;
+            }
         }
+        switch.flush();
     }
 }
 

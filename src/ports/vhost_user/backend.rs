@@ -5,7 +5,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use log::{debug, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -16,16 +16,19 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use self::ctrl_queue::CtrlGate;
+use super::super::poll::{PollQueue, Polled};
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu};
 use super::proxy::{ProxyError, RelayWatch};
 use super::queue::{add_used, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError};
+use super::rx::queue_usable;
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
 use crate::device::config;
 use crate::device::features::{self, Negotiated};
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::router::RouteCache;
+use crate::pipeline::switch::FLUSH_BATCH;
 use crate::pipeline::{Buffers, Ingress, Packet, Switch};
 use crate::stats::{QueueStats, TallyHandle};
 use crate::wire::virtio_net_hdr::GSO_NONE;
@@ -55,6 +58,8 @@ struct Session {
     again: Vec<EventFd>,
     /// Every vring by queue index, as the worker threads reported them.
     captured: Mutex<Vec<Option<Vring>>>,
+    /// Poll mode: each pair's TX vring, for the poll thread that serves it without a lock.
+    tx_vrings: Vec<OnceLock<Vring>>,
     /// The control queue's gate (ctrl_queue.rs).
     ctrl_gate: CtrlGate,
     /// What each worker thread owns, by thread index: only that thread locks its own.
@@ -102,11 +107,20 @@ struct Worker {
     ctrl_asleep: bool,
 }
 
-/// Whether a worker finished what its ring held or stopped at its budget.
+/// Whether a worker found its ring empty, finished what it held, or stopped at its budget.
 #[derive(Debug, PartialEq, Eq)]
 enum Burst {
+    Empty,
     Done,
     More,
+}
+
+/// How a TX queue is served: woken by kicks (the default), or looked at again and again by a
+/// poll thread, with the driver's notifications left off (poll.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Kicked,
+    Polled,
 }
 
 #[derive(Clone)]
@@ -168,7 +182,9 @@ impl VnicBackend {
             })
             .collect();
         let queues = 2 * usize::from(port.queue_pairs) + 1;
+        let tx_vrings = (0..port.queue_pairs).map(|_| OnceLock::new()).collect();
         Ok(VnicBackend(Arc::new(Session {
+            tx_vrings,
             port,
             switch,
             mem,
@@ -264,6 +280,16 @@ impl VnicBackend {
         for (slot, v) in cap.iter_mut().skip(first).zip(vrings) {
             *slot = Some(v.clone());
         }
+        if let (Some(group), Some(tx), true) = (&self.0.port.poll, vrings.get(1), thread < self.pairs()) {
+            if self.0.tx_vrings[thread].set(tx.clone()).is_ok() {
+                let me: Weak<dyn PollQueue> = Arc::downgrade(&self.0) as Weak<dyn PollQueue>;
+                let t = group.add(me, thread);
+                debug!(
+                    "port {}: tx queue {thread} served by poll thread {t}",
+                    self.0.port.id
+                );
+            }
+        }
         let rx: Option<Vec<Vring>> = cap.iter().step_by(2).take(self.pairs()).cloned().collect();
         if let (true, Some(all)) = (thread < self.pairs(), rx) {
             self.0
@@ -284,15 +310,39 @@ impl VnicBackend {
         if self.0.broken.is(index) {
             return Ok(());
         }
-        let burst = self.tx_burst(pair, vring, thread);
+        if self.0.port.poll.is_some() {
+            // A poll thread serves it; a kick the driver sent before it saw NO_NOTIFY is
+            // already read.
+            return Ok(());
+        }
+        let burst = self.tx_burst(pair, vring, thread, Mode::Kicked);
         self.after_burst(thread, index, burst)
+    }
+
+    /// Poll mode: serves TX queue `pair` once, from a poll thread.
+    fn poll_tx(&self, pair: usize) -> Polled {
+        let Some(vring) = self.0.tx_vrings.get(pair).and_then(OnceLock::get) else {
+            return Polled::Idle;
+        };
+        let index = 2 * pair + 1;
+        if self.0.broken.is(index) || !queue_usable(vring) {
+            return Polled::Idle;
+        }
+        match self.tx_burst(pair, vring, pair, Mode::Polled) {
+            Ok(Burst::Empty) => Polled::Idle,
+            Ok(Burst::Done | Burst::More) => Polled::Busy,
+            Err(e) => {
+                self.0.port.ring_broken(&self.0.broken, index, &e);
+                Polled::Idle
+            }
+        }
     }
 
     /// What follows a burst on queue `index` of worker `thread`: nothing, a later round
     /// (the budget ran out), or the queue marked broken.
     fn after_burst(&self, thread: usize, index: usize, burst: Result<Burst, RingError>) -> io::Result<()> {
         match burst {
-            Ok(Burst::Done) => Ok(()),
+            Ok(Burst::Done | Burst::Empty) => Ok(()),
             Ok(Burst::More) => self.come_again(thread),
             Err(e) => {
                 self.0.port.ring_broken(&self.0.broken, index, &e);
@@ -301,7 +351,7 @@ impl VnicBackend {
         }
     }
 
-    fn tx_burst(&self, pair: usize, vring: &Vring, thread: usize) -> Result<Burst, RingError> {
+    fn tx_burst(&self, pair: usize, vring: &Vring, thread: usize, mode: Mode) -> Result<Burst, RingError> {
         let port = &self.0.port;
         let feat = self.negotiated();
         let hdr_len = feat.hdr_len();
@@ -322,7 +372,9 @@ impl VnicBackend {
         let mut returned = 0usize;
         let mut walked = 0usize;
         let burst = 'wake: loop {
-            vring.disable_notification().map_err(RingError)?;
+            if mode == Mode::Kicked {
+                vring.disable_notification().map_err(RingError)?;
+            }
             loop {
                 if returned == TX_BUDGET || walked >= TX_WALK_BUDGET {
                     // Notifications stay off: this thread comes back by itself.
@@ -342,6 +394,9 @@ impl VnicBackend {
                 let Some(t) = popped else { break };
                 returned += 1;
                 walked += t.walked;
+                if returned % FLUSH_BATCH == 0 {
+                    self.0.switch.flush();
+                }
                 match t.result {
                     Ok(n) => {
                         let Some(hdr) = self.admit(pair, stats, &buf[..n], hdr_len) else {
@@ -369,10 +424,21 @@ impl VnicBackend {
                     Err(e) => self.chain_refused(pair, stats, t.head, &e),
                 }
             }
-            if !vring.enable_notification().map_err(RingError)? {
+            if returned == 0 && mode == Mode::Polled {
+                break Burst::Empty;
+            }
+            if mode == Mode::Polled || !vring.enable_notification().map_err(RingError)? {
                 break Burst::Done;
             }
         };
+        if returned > 0 {
+            self.0.switch.flush();
+            if mode == Mode::Polled {
+                // The driver need not kick a queue that is polled: VRING_USED_F_NO_NOTIFY,
+                // written again after each busy burst in case the ring was started anew.
+                vring.disable_notification().map_err(RingError)?;
+            }
+        }
         if returned > 0 && self.wants_interrupt(vring)? {
             self.signal(vring);
         }
@@ -560,11 +626,28 @@ impl VhostUserBackend for VnicBackend {
 impl VnicBackend {
     /// Serves vring `local` of worker `thread` by its role; `kicked`: woken for it.
     fn serve(&self, thread: usize, local: usize, vring: &Vring, kicked: bool) -> io::Result<()> {
-        match self.role(self.global(thread, local)) {
+        let global = self.global(thread, local);
+        match self.role(global) {
+            Role::Rx if kicked => {
+                // Nothing waits for RX buffers: a frame that finds none is dropped and
+                // counted. A refill kick only costs the driver a syscall and this thread a
+                // wake-up, so the driver is asked to stop (VRING_USED_F_NO_NOTIFY; with
+                // EVENT_IDX, avail_event is never moved on for RX, which does the same).
+                if let Err(e) = vring.disable_notification() {
+                    self.0.port.ring_broken(&self.0.broken, global, &RingError(e));
+                }
+                Ok(())
+            }
             Role::Rx => Ok(()),
             Role::Tx(pair) => self.process_tx(pair, vring, thread),
             Role::Ctrl => self.process_ctrl(vring, thread, kicked),
         }
+    }
+}
+
+impl PollQueue for Session {
+    fn poll(self: Arc<Self>, pair: usize) -> Polled {
+        VnicBackend(self).poll_tx(pair)
     }
 }
 

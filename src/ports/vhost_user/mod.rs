@@ -34,6 +34,7 @@ use vmm_sys_util::epoll::EventSet;
 
 use self::backend::VnicBackend;
 use self::queue::{BrokenRings, RingError};
+use super::poll::PollGroup;
 use super::WarnLimiter;
 use crate::device::config::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
@@ -113,6 +114,9 @@ struct RxPath {
     feat: Negotiated,
     /// The connection's broken queues: a broken RX queue takes no more frames.
     broken: Arc<BrokenRings>,
+    /// RX queues (bit per queue) written to since the last flush, whose driver may want an
+    /// interrupt: checked once per burst by whichever worker flushes first (rx.rs).
+    pending: AtomicU64,
 }
 
 /// A guest-facing port. Lives as long as the daemon; connections come and go.
@@ -159,6 +163,8 @@ pub struct GuestPort {
     pub source_lock: SourceLock,
     /// The frontend connection being served, for [`GuestPort::wake`] to end.
     frontend: Current<UnixStream>,
+    /// Poll mode: the threads that serve this port's TX queues instead of its kicks.
+    poll: Option<Arc<PollGroup>>,
 }
 
 impl GuestPort {
@@ -228,12 +234,19 @@ impl GuestPort {
             mac_lock: MacLock::Auto,
             source_lock: SourceLock::default(),
             frontend: Current::default(),
+            poll: None,
         }
     }
 
     /// `--port-mac-lock`, applied from the next driver on.
     pub fn with_mac_lock(mut self, mode: MacLock) -> Self {
         self.mac_lock = mode;
+        self
+    }
+
+    /// Poll mode: `group`'s threads serve this port's TX queues; kicks are not waited for.
+    pub fn with_poll(mut self, group: Arc<PollGroup>) -> Self {
+        self.poll = Some(group);
         self
     }
 
@@ -510,6 +523,7 @@ impl GuestPort {
         };
         let v4 = query(&|f| mcast_report::igmp_general_query(igmp_ds, f));
         let v6 = query(&|f| mcast_report::mld_general_query(mld_ms, f));
+        self.flush_rx();
         (v4, v6)
     }
 
@@ -584,6 +598,7 @@ impl GuestPort {
             mem,
             feat,
             broken,
+            pending: AtomicU64::new(0),
         })));
     }
 

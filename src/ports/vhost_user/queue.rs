@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arrayvec::ArrayVec;
 use thiserror::Error;
 use virtio_queue::QueueOwnedT;
 use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
@@ -200,57 +201,104 @@ fn copy_out<M: GuestMemory>(
     Ok(n)
 }
 
-/// The device-writable descriptors of one RX chain, validated up front so that a frame is
-/// either written whole or not at all.
+/// The device-writable descriptors of every RX chain one frame goes into, validated up
+/// front so that a frame is either written whole or not at all. Kept flat and
+/// uninitialised (`ArrayVec`): a frame usually takes one chain of one descriptor, and
+/// zeroing room for the worst case on every frame cost more than writing a small frame.
+struct RxChains {
+    /// Every chain's non-empty descriptors, in order. The walk limit bounds them.
+    descs: ArrayVec<(GuestAddress, u32), MAX_FRAME_DESCS>,
+    /// Per chain: its head, its descriptors' end in `descs`, its capacity in bytes.
+    chains: ArrayVec<RxChain, MAX_RX_BUFFERS>,
+}
+
+#[derive(Clone, Copy)]
 struct RxChain {
     head: u16,
-    descs: [(GuestAddress, u32); 16],
-    ndesc: usize,
+    end: u16,
     capacity: usize,
 }
 
-/// Reads one RX chain, counting its descriptors into `walked` (the frame's whole walk).
-fn collect_rx<M: GuestMemory>(
-    chain: DescriptorChain<&M>,
-    walked: &mut usize,
-    limit: usize,
-) -> (u16, Result<RxChain, ChainError>) {
-    let head = chain.head_index();
-    let mut rc = RxChain {
-        head,
-        descs: [(GuestAddress(0), 0); 16],
-        ndesc: 0,
-        capacity: 0,
-    };
-    let mut last_has_next = true;
-    for d in chain {
-        if let Err(e) = walk_one(walked, limit) {
-            return (head, Err(e));
+impl RxChains {
+    fn new() -> Self {
+        RxChains {
+            descs: ArrayVec::new(),
+            chains: ArrayVec::new(),
         }
-        last_has_next = d.has_next();
-        if !d.is_write_only() {
-            return (head, Err(ChainError::WrongDirection));
-        }
-        if d.len() == 0 {
-            continue;
-        }
-        if rc.ndesc == rc.descs.len() {
-            // More fragments than we track: ignore the rest; the chain is still usable.
-            break;
-        }
-        rc.descs[rc.ndesc] = (d.addr(), d.len());
-        rc.ndesc += 1;
-        rc.capacity += d.len() as usize;
     }
-    if last_has_next && rc.ndesc < rc.descs.len() {
-        return (head, Err(ChainError::Broken));
+
+    /// The descriptors of chain `i`.
+    fn descs(&self, i: usize) -> &[(GuestAddress, u32)] {
+        let start = if i == 0 {
+            0
+        } else {
+            usize::from(self.chains[i - 1].end)
+        };
+        &self.descs[start..usize::from(self.chains[i].end)]
     }
-    (head, Ok(rc))
+
+    /// Reads one RX chain, counting its descriptors into `walked` (the frame's whole walk),
+    /// and keeps it if it is good. On error its descriptors are dropped again.
+    fn collect<M: GuestMemory>(
+        &mut self,
+        chain: DescriptorChain<&M>,
+        walked: &mut usize,
+        limit: usize,
+    ) -> (u16, Result<usize, ChainError>) {
+        let head = chain.head_index();
+        let start = self.descs.len();
+        let res = self.walk(chain, walked, limit);
+        match res {
+            Ok(capacity) => {
+                // Within MAX_FRAME_DESCS (256), so within u16.
+                let end = self.descs.len() as u16;
+                self.chains.push(RxChain { head, end, capacity });
+            }
+            Err(_) => self.descs.truncate(start),
+        }
+        (head, res)
+    }
+
+    fn walk<M: GuestMemory>(
+        &mut self,
+        chain: DescriptorChain<&M>,
+        walked: &mut usize,
+        limit: usize,
+    ) -> Result<usize, ChainError> {
+        let mut capacity = 0usize;
+        let mut last_has_next = true;
+        for d in chain {
+            walk_one(walked, limit)?;
+            last_has_next = d.has_next();
+            if !d.is_write_only() {
+                return Err(ChainError::WrongDirection);
+            }
+            if d.len() == 0 {
+                continue;
+            }
+            // Cannot fail: each descriptor kept was walked, and a frame walks at most
+            // MAX_FRAME_DESCS; refused all the same rather than trusted.
+            if self.descs.is_full() {
+                return Err(ChainError::TooManyDescriptors);
+            }
+            self.descs.push((d.addr(), d.len()));
+            capacity += d.len() as usize;
+        }
+        if last_has_next {
+            return Err(ChainError::Broken);
+        }
+        Ok(capacity)
+    }
 }
 
-/// Writes `src` at byte `off` of the chain's buffers.
-fn write_at<M: GuestMemory>(mem: &M, rc: &RxChain, mut off: usize, mut src: &[u8]) -> Result<(), ChainError> {
-    for &(addr, len) in &rc.descs[..rc.ndesc] {
+/// Writes `src` at byte `off` of a chain's buffers.
+fn write_at<M: GuestMemory>(
+    mem: &M,
+    descs: &[(GuestAddress, u32)],
+    mut off: usize,
+    mut src: &[u8],
+) -> Result<(), ChainError> {
+    for &(addr, len) in descs {
         let len = len as usize;
         if src.is_empty() {
             break;
@@ -304,10 +352,10 @@ pub fn push_rx_walked<M: GuestMemory>(
 ) -> Result<u16, RxError> {
     let limit = walked.saturating_add(MAX_FRAME_DESCS);
     let total = hdr_len + frame.len();
-    let mut chains: [Option<RxChain>; MAX_RX_BUFFERS] = std::array::from_fn(|_| None);
-    let mut used = 0usize;
+    let mut rx = RxChains::new();
     let mut room = 0usize;
     while room < total {
+        let used = rx.chains.len();
         if used == MAX_RX_BUFFERS || (!mrg_rxbuf && used == 1) {
             rewind(q, used);
             return Err(if mrg_rxbuf {
@@ -327,22 +375,20 @@ pub fn push_rx_walked<M: GuestMemory>(
                 return Err(RxError::Ring(e));
             }
         };
-        let (head, collected) = collect_rx(chain, walked, limit);
-        let collected = collected.and_then(|rc| {
-            if used == 0 && rc.capacity < hdr_len {
-                Err(ChainError::TooShort(rc.capacity))
+        let (head, collected) = rx.collect(chain, walked, limit);
+        let collected = collected.and_then(|capacity| {
+            if used == 0 && capacity < hdr_len {
+                rx.chains.pop();
+                rx.descs.clear();
+                Err(ChainError::TooShort(capacity))
             } else {
-                Ok(rc)
+                Ok(capacity)
             }
         });
         match collected {
-            Ok(rc) => {
-                room += rc.capacity;
-                chains[used] = Some(rc);
-                used += 1;
-            }
+            Ok(capacity) => room += capacity,
             Err(e) => {
-                for rc in chains.iter().take(used).flatten() {
+                for rc in &rx.chains {
                     add_used(q, mem, rc.head, 0).map_err(RxError::Ring)?;
                 }
                 add_used(q, mem, head, 0).map_err(RxError::Ring)?;
@@ -350,18 +396,20 @@ pub fn push_rx_walked<M: GuestMemory>(
             }
         }
     }
+    let used = rx.chains.len();
     let mut h = *hdr;
     h.num_buffers = used as u16;
     let hdr_bytes = h.to_bytes();
     let mut src_off = 0usize;
-    for (i, rc) in chains.iter().take(used).flatten().enumerate() {
+    for (i, rc) in rx.chains.iter().enumerate() {
+        let descs = rx.descs(i);
         // The first buffer starts with the header; frame bytes then fill buffers in order.
         let off = if i == 0 { hdr_len } else { 0 };
         if i == 0 {
-            write_at(mem, rc, 0, &hdr_bytes[..hdr_len]).map_err(RxError::Chain)?;
+            write_at(mem, descs, 0, &hdr_bytes[..hdr_len]).map_err(RxError::Chain)?;
         }
         let take = (rc.capacity - off).min(frame.len() - src_off);
-        write_at(mem, rc, off, &frame[src_off..src_off + take]).map_err(RxError::Chain)?;
+        write_at(mem, descs, off, &frame[src_off..src_off + take]).map_err(RxError::Chain)?;
         src_off += take;
         add_used(q, mem, rc.head, (off + take) as u32).map_err(RxError::Ring)?;
     }

@@ -31,6 +31,10 @@ impl Egress for GuestPort {
     fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
         self.deliver(tally, flow, pkt, segment);
     }
+
+    fn flush(&self) {
+        self.flush_rx();
+    }
 }
 
 impl GuestPort {
@@ -69,7 +73,8 @@ impl GuestPort {
         let hash_report = rx.feat.hash_report();
         let steered = (rx.vrings.len() > 1 || hash_report).then(|| self.steering.load().steer(pkt.frame));
         let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
-        if !queue_usable(&rx.vrings[q]) {
+        // Queue 0 is the fallback anyway: its ring's state is checked once, when written.
+        if q != 0 && !queue_usable(&rx.vrings[q]) {
             q = 0;
         }
         let stats = tally.at(self.id, q);
@@ -185,23 +190,51 @@ impl GuestPort {
                 return false;
             }
         };
-        match wants_interrupt(state.get_queue_mut(), &*mem) {
-            Ok(false) => {}
-            Ok(true) => {
-                drop(state);
-                // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
-                if let Err(e) = vring.signal_used_queue() {
-                    if self.warn.allow() {
-                        warn!("port {}: signalling rx queue {q}: {e}", self.id);
-                    }
-                }
-            }
-            Err(e) => {
-                drop(state);
-                self.ring_broken(&rx.broken, index, &e);
-            }
+        drop(state);
+        // The interrupt waits for the flush at the end of the sender's burst. Read first:
+        // the bit is usually set already, and a load keeps the line shared between workers.
+        let bit = 1u64 << q;
+        if rx.pending.load(Ordering::Relaxed) & bit == 0 {
+            rx.pending.fetch_or(bit, Ordering::Release);
         }
         delivered
+    }
+
+    /// Interrupts the driver of every RX queue written to since the last flush, if it wants
+    /// one: one check per queue and burst. virtio-queue counts the used entries added since
+    /// the last check, so EVENT_IDX's `used_event` is weighed against the whole burst.
+    pub(super) fn flush_rx(&self) {
+        let guard = self.rx.load();
+        let Some(rx) = guard.as_ref() else { return };
+        if rx.pending.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut bits = rx.pending.swap(0, Ordering::AcqRel);
+        let mem = rx.mem.memory();
+        while bits != 0 {
+            let q = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let Some(vring) = rx.vrings.get(q) else { continue };
+            let wants = {
+                let mut st = vring.get_mut();
+                if !st.is_enabled() || !st.get_queue().ready() {
+                    continue; // Stopped since: its next start begins afresh.
+                }
+                wants_interrupt(st.get_queue_mut(), &*mem)
+            };
+            match wants {
+                Ok(false) => {}
+                Ok(true) => {
+                    // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
+                    if let Err(e) = vring.signal_used_queue() {
+                        if self.warn.allow() {
+                            warn!("port {}: signalling rx queue {q}: {e}", self.id);
+                        }
+                    }
+                }
+                Err(e) => self.ring_broken(&rx.broken, 2 * q, &e),
+            }
+        }
     }
 
     /// The header this guest sees for `hdr`'s frame, and whether its partial checksum was
@@ -294,7 +327,8 @@ enum Pushed {
     Broken(RingError),
 }
 
-fn queue_usable(v: &Vring) -> bool {
+/// Whether the frontend has the ring started.
+pub(super) fn queue_usable(v: &Vring) -> bool {
     let s = v.get_ref();
     s.is_enabled() && s.get_queue().ready()
 }
