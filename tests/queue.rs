@@ -3,8 +3,8 @@
 //! lie), checking the used ring after each event.
 
 use dpaa_vnic::ports::vhost_user::queue::{
-    indirect_table, pop_ctrl, pop_tx, push_rx, push_rx_walked, ChainError, CtrlChain, RxError,
-    MAX_FRAME_DESCS,
+    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_walked, ChainError, CtrlChain, RxError,
+    TxSlot, MAX_FRAME_DESCS, TX_BATCH,
 };
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -526,4 +526,95 @@ fn tx_zero_length_indirect_table_is_refused_after_the_bound() {
     let good = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
     assert_eq!((good.head, good.walked), (1, 1));
     assert_eq!(good.result.unwrap(), 60);
+}
+
+/// A batch pops what chain-by-chain pops would, back to back in one buffer: good chains,
+/// a chain split over descriptors, and refused ones (a device-writable descriptor, a chain
+/// shorter than the header, a loop), each returned used with length 0, in order.
+#[test]
+fn tx_batch_matches_chain_by_chain() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let (f1, f2) = (frame(60), frame(1500));
+    m.write_slice(&[0u8; HDR], GuestAddress(0x2_0000)).unwrap();
+    m.write_slice(&f1, GuestAddress(0x2_1000)).unwrap();
+    m.write_slice(&f2[..700], GuestAddress(0x3_0000)).unwrap();
+    m.write_slice(&f2[700..], GuestAddress(0x4_0000)).unwrap();
+    publish(
+        &vq,
+        &[
+            (0, d(0x2_0000, HDR as u32, F_NEXT, 1)),
+            (1, d(0x2_1000, 60, 0, 0)),
+            (2, d(0x2_0000, HDR as u32, F_NEXT, 3)),
+            (3, d(0x3_0000, 700, F_NEXT, 4)),
+            (4, d(0x4_0000, 800, 0, 0)),
+            (5, d(0x2_1000, 60, F_WRITE, 0)),
+            (6, d(0x2_0000, 4, 0, 0)),
+            (7, d(0x2_0000, HDR as u32, F_NEXT, 7)),
+            (8, d(0x2_0000, HDR as u32, F_NEXT, 9)),
+            (9, d(0x2_1000, 60, 0, 0)),
+        ],
+        &[0, 2, 5, 6, 7, 8],
+    );
+    let mut q: Queue = vq.create_queue().unwrap();
+    let frame_max = 65_562;
+    let mut buf = vec![0u8; frame_max + 64 * 1024];
+    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    assert_eq!(batch.len(), 6);
+    let heads: Vec<u16> = batch.iter().map(|s| s.chain.head).collect();
+    assert_eq!(heads, [0, 2, 5, 6, 7, 8]);
+    let at = |i: usize| {
+        let s = &batch[i];
+        &buf[s.start + HDR..s.start + *s.chain.result.as_ref().unwrap()]
+    };
+    assert_eq!(at(0), &f1[..]);
+    assert_eq!(at(1), &f2[..]);
+    assert!(matches!(batch[2].chain.result, Err(ChainError::WrongDirection)));
+    assert!(matches!(batch[3].chain.result, Err(ChainError::TooShort(4))));
+    assert!(matches!(batch[4].chain.result, Err(ChainError::Broken)));
+    assert_eq!(at(5), &f1[..]);
+    assert_eq!(batch[1].start, HDR + 60, "back to back");
+    assert_eq!(used_idx(&vq), 6, "every chain returned, refused ones too");
+    for (i, h) in heads.iter().enumerate() {
+        assert_eq!(used(&vq, i), (u32::from(*h), 0));
+    }
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    assert!(batch.is_empty());
+}
+
+/// A batch stops at its chain budget, its walk budget, and when the buffer has no room left
+/// for another chain's worst case; the rest waits in the ring for the next batch.
+#[test]
+fn tx_batch_stops_at_its_limits() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 128);
+    let f = frame(60);
+    m.write_slice(&[0u8; HDR], GuestAddress(0x2_0000)).unwrap();
+    m.write_slice(&f, GuestAddress(0x2_1000)).unwrap();
+    let mut descs = Vec::new();
+    for i in 0..40u16 {
+        descs.push((2 * i, d(0x2_0000, HDR as u32, F_NEXT, 2 * i + 1)));
+        descs.push((2 * i + 1, d(0x2_1000, 60, 0, 0)));
+    }
+    let heads: Vec<u16> = (0..40).map(|i| 2 * i).collect();
+    publish(&vq, &descs[..], &heads);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let frame_max = 1000;
+    let mut buf = vec![0u8; 4000];
+    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    // At most TX_BATCH chains, whatever the budget.
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    assert_eq!(batch.len(), TX_BATCH);
+    // The chain budget.
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 3, 8192, &mut batch).unwrap();
+    assert_eq!(batch.len(), 3);
+    // The walk budget: two descriptors per chain, so the second chain goes past 3.
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 3, &mut batch).unwrap();
+    assert_eq!(batch.len(), 2);
+    // Room: 4000 bytes hold 72-byte chains until fewer than 1000 are left.
+    let mut small = vec![0u8; 1100];
+    pop_tx_batch(&mut q, &m, HDR, &mut small, frame_max, 256, 8192, &mut batch).unwrap();
+    assert_eq!(batch.len(), 2, "1100 - 72 = 1028 >= 1000, then 956 < 1000");
+    assert_eq!(used_idx(&vq), 39);
 }

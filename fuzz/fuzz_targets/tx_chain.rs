@@ -13,7 +13,7 @@ use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
-use dpaa_vnic::ports::vhost_user::queue::{pop_tx, MAX_FRAME_DESCS};
+use dpaa_vnic::ports::vhost_user::queue::{pop_tx, pop_tx_batch, TxSlot, MAX_FRAME_DESCS, TX_BATCH};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
@@ -102,4 +102,42 @@ fuzz_target!(|data: &[u8]| {
         };
         sw.forward(&mut from, &mut pkt);
     }
+    sw.flush();
+    // The same chains again, popped in batches as the workers do: each chain's walk stays
+    // bounded, a batch never holds more than TX_BATCH, every chain of it lies within the
+    // buffer, and its frames go through the switch as above.
+    let Some((m, mut q)) = common::queue(data) else {
+        return;
+    };
+    let mut arena = vec![0u8; 65_600 + 4096];
+    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    for _ in 0..common::QSIZE {
+        if pop_tx_batch(&mut q, &m, 12, &mut arena, 65_600, 256, 8192, &mut batch).is_err()
+            || batch.is_empty()
+        {
+            break;
+        }
+        assert!(batch.len() <= TX_BATCH);
+        for s in batch.drain(..) {
+            assert!(s.chain.walked <= MAX_FRAME_DESCS + 1, "walked {}", s.chain.walked);
+            let Ok(n) = s.chain.result else { continue };
+            let chain = &mut arena[s.start..s.start + n];
+            let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
+                continue;
+            };
+            let mut pkt = Packet {
+                hdr,
+                frame: &mut chain[12..],
+            };
+            let mut from = Ingress {
+                port: 0,
+                queue: 0,
+                tally: &tally,
+                routes: &mut routes,
+                bufs: &mut bufs,
+            };
+            sw.forward(&mut from, &mut pkt);
+        }
+    }
+    sw.flush();
 });

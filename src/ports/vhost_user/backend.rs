@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use arrayvec::ArrayVec;
 use log::{debug, trace, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
@@ -20,7 +21,7 @@ use super::super::poll::{PollQueue, Polled};
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu};
 use super::proxy::{ProxyError, RelayWatch};
-use super::queue::{add_used, pop_tx, wants_interrupt, BrokenRings, ChainError, RingError};
+use super::queue::{pop_tx_batch, wants_interrupt, BrokenRings, ChainError, RingError, TxSlot, TX_BATCH};
 use super::rx::queue_usable;
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -37,6 +38,9 @@ use crate::wire::VirtioNetHdr;
 /// Largest frame (header included) a guest may transmit: a 64 KiB TSO frame (IP total
 /// length 65535) behind Ethernet and two VLAN tags, with the 20-byte hash header.
 const TX_BUF: usize = 20 + 14 + 8 + 65_535;
+/// The buffer a batch of TX chains is copied into, back to back: room for a batch of 32
+/// full-size (1500-byte MTU) frames before the last chain's worst case.
+const TX_ARENA: usize = TX_BUF + 64 * 1024;
 const QUEUE_SIZE: usize = 1024;
 /// TX chains a worker serves per wake-up before it goes back to its event loop (and so
 /// notices a disconnect) and comes round again: Linux vhost-net's VHOST_NET_PKT_WEIGHT.
@@ -91,7 +95,10 @@ impl Drop for Session {
 /// pipeline's buffers, its counters. Only that thread locks it, so the lock is never
 /// contended.
 struct Worker {
+    /// TX chains are copied into it, a batch at a time (`TX_ARENA`).
     buf: Vec<u8>,
+    /// The chains of the batch in `buf`.
+    batch: ArrayVec<TxSlot, TX_BATCH>,
     routes: RouteCache,
     bufs: Buffers,
     /// This thread's counters (registered with the switch, summed on read, folded into the
@@ -172,6 +179,7 @@ impl VnicBackend {
             .map(|_| {
                 Mutex::new(Worker {
                     buf: Vec::new(),
+                    batch: ArrayVec::new(),
                     routes: RouteCache::default(),
                     bufs: Buffers::default(),
                     tally: switch.tallies().register(),
@@ -359,14 +367,15 @@ impl VnicBackend {
         let mut worker = crate::sync::lock(&self.0.workers[thread]);
         let Worker {
             buf,
+            batch,
             routes,
             bufs,
             tally,
             ..
         } = &mut *worker;
         let stats = tally.at(port.id, pair);
-        if buf.len() < TX_BUF {
-            buf.resize(TX_BUF, 0);
+        if buf.len() < TX_ARENA {
+            buf.resize(TX_ARENA, 0);
         }
         // Interrupt the driver only for chains actually returned.
         let mut returned = 0usize;
@@ -380,48 +389,60 @@ impl VnicBackend {
                     // Notifications stay off: this thread comes back by itself.
                     break 'wake Burst::More;
                 }
-                // Pop and return the chain in one short critical section: the vring lock must
-                // not be held while the frame goes to other ports.
-                let popped = {
+                // Pop and return a batch of chains in one short critical section (one look
+                // at the avail index for all): the vring lock is not held while the frames
+                // go to other ports.
+                {
                     let mut st = vring.get_mut();
-                    let q = st.get_queue_mut();
-                    let t = pop_tx(q, &*mem, hdr_len, buf)?;
-                    if let Some(t) = &t {
-                        add_used(q, &*mem, t.head, 0)?;
-                    }
-                    t
-                };
-                let Some(t) = popped else { break };
-                returned += 1;
-                walked += t.walked;
-                if returned % FLUSH_BATCH == 0 {
-                    self.0.switch.flush();
+                    pop_tx_batch(
+                        st.get_queue_mut(),
+                        &*mem,
+                        hdr_len,
+                        buf,
+                        TX_BUF,
+                        TX_BUDGET - returned,
+                        TX_WALK_BUDGET - walked,
+                        batch,
+                    )?;
                 }
-                match t.result {
-                    Ok(n) => {
-                        let Some(hdr) = self.admit(pair, stats, &buf[..n], hdr_len) else {
-                            continue;
-                        };
-                        let contained = port.contain("a transmitted frame", || {
-                            port.snoop_frame(&buf[hdr_len..n]);
-                            let mut pkt = Packet {
-                                hdr,
-                                frame: &mut buf[hdr_len..n],
-                            };
-                            let mut from = Ingress {
-                                port: port.id,
-                                queue: pair,
-                                tally,
-                                routes: &mut *routes,
-                                bufs: &mut *bufs,
-                            };
-                            self.0.switch.forward(&mut from, &mut pkt);
-                        });
-                        if contained.is_none() {
-                            stats.tx_errors.inc();
-                        }
+                if batch.is_empty() {
+                    break;
+                }
+                for TxSlot { start, chain: t } in batch.drain(..) {
+                    returned += 1;
+                    walked += t.walked;
+                    if returned % FLUSH_BATCH == 0 {
+                        self.0.switch.flush();
                     }
-                    Err(e) => self.chain_refused(pair, stats, t.head, &e),
+                    let n = match t.result {
+                        Ok(n) => n,
+                        Err(e) => {
+                            self.chain_refused(pair, stats, t.head, &e);
+                            continue;
+                        }
+                    };
+                    let chain = &mut buf[start..start + n];
+                    let Some(hdr) = self.admit(pair, stats, chain, hdr_len) else {
+                        continue;
+                    };
+                    let contained = port.contain("a transmitted frame", || {
+                        port.snoop_frame(&chain[hdr_len..]);
+                        let mut pkt = Packet {
+                            hdr,
+                            frame: &mut chain[hdr_len..],
+                        };
+                        let mut from = Ingress {
+                            port: port.id,
+                            queue: pair,
+                            tally,
+                            routes: &mut *routes,
+                            bufs: &mut *bufs,
+                        };
+                        self.0.switch.forward(&mut from, &mut pkt);
+                    });
+                    if contained.is_none() {
+                        stats.tx_errors.inc();
+                    }
                 }
             }
             if returned == 0 && mode == Mode::Polled {
