@@ -14,7 +14,7 @@ use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
 use dpaa_vnic::ports::vhost_user::queue::{pop_tx, pop_tx_batch, TxSlot, MAX_FRAME_DESCS, TX_BATCH};
-use dpaa_vnic::stats::Tally;
+use dpaa_vnic::stats::{Tally, TallyHandle};
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueT;
@@ -70,14 +70,34 @@ fn switch() -> Arc<Switch> {
     sw
 }
 
+/// What one worker owns: its counters, its route cache, its buffers.
+type Worker = (TallyHandle, RouteCache, Buffers);
+
+/// Sends one copied chain (header first) through the switch, as a worker does.
+fn forward(sw: &Switch, (tally, routes, bufs): &mut Worker, chain: &mut [u8]) {
+    let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
+        return;
+    };
+    let mut pkt = Packet {
+        hdr,
+        frame: &mut chain[12..],
+    };
+    let mut from = Ingress {
+        port: 0,
+        queue: 0,
+        tally,
+        routes,
+        bufs,
+    };
+    sw.forward(&mut from, &mut pkt);
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((m, mut q)) = common::queue(data) else {
         return;
     };
     let sw = switch();
-    let tally = sw.tallies().register();
-    let mut routes = RouteCache::default();
-    let mut bufs = Buffers::default();
+    let mut worker = (sw.tallies().register(), RouteCache::default(), Buffers::default());
     let mut buf = vec![0u8; 65_600];
     for _ in 0..common::QSIZE {
         let Ok(Some(t)) = pop_tx(&mut q, &m, 12, &mut buf) else {
@@ -86,21 +106,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(t.walked <= MAX_FRAME_DESCS + 1, "walked {}", t.walked);
         let _ = q.add_used(&m, t.head, 0);
         let Ok(n) = t.result else { continue };
-        let Ok(hdr) = VirtioNetHdr::parse(&buf[..n], 12) else {
-            continue;
-        };
-        let mut pkt = Packet {
-            hdr,
-            frame: &mut buf[12..n],
-        };
-        let mut from = Ingress {
-            port: 0,
-            queue: 0,
-            tally: &tally,
-            routes: &mut routes,
-            bufs: &mut bufs,
-        };
-        sw.forward(&mut from, &mut pkt);
+        forward(&sw, &mut worker, &mut buf[..n]);
     }
     sw.flush();
     // The same chains again, popped in batches as the workers do: each chain's walk stays
@@ -121,22 +127,7 @@ fuzz_target!(|data: &[u8]| {
         for s in batch.drain(..) {
             assert!(s.chain.walked <= MAX_FRAME_DESCS + 1, "walked {}", s.chain.walked);
             let Ok(n) = s.chain.result else { continue };
-            let chain = &mut arena[s.start..s.start + n];
-            let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
-                continue;
-            };
-            let mut pkt = Packet {
-                hdr,
-                frame: &mut chain[12..],
-            };
-            let mut from = Ingress {
-                port: 0,
-                queue: 0,
-                tally: &tally,
-                routes: &mut routes,
-                bufs: &mut bufs,
-            };
-            sw.forward(&mut from, &mut pkt);
+            forward(&sw, &mut worker, &mut arena[s.start..s.start + n]);
         }
     }
     sw.flush();
