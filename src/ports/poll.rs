@@ -196,17 +196,14 @@ fn run(round: &Round, stop: &Stop) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
     use std::time::{Duration, Instant};
 
     struct Counter {
-        polls: AtomicUsize,
         queues: Mutex<Vec<usize>>,
     }
 
     impl PollQueue for Counter {
         fn poll(self: Arc<Self>, queue: usize) -> Polled {
-            self.polls.fetch_add(1, Ordering::Relaxed);
             let mut q = crate::sync::lock(&self.queues);
             if !q.contains(&queue) {
                 q.push(queue);
@@ -229,7 +226,6 @@ mod tests {
         let mut threads = Vec::new();
         let group = PollGroup::start(&PollConfig::Threads(2), &stop, &mut threads).unwrap();
         let c = Arc::new(Counter {
-            polls: AtomicUsize::new(0),
             queues: Mutex::new(Vec::new()),
         });
         let w: Weak<dyn PollQueue> = Arc::downgrade(&c) as Weak<dyn PollQueue>;

@@ -312,7 +312,9 @@ impl TapPort {
                 }
                 Err(e) => {
                     warn!("tap {}: read on queue {q} failed, reader stops: {e}", self.name);
-                    return;
+                    // Through the flush below: frames forwarded since the last one still get
+                    // their interrupts.
+                    break;
                 }
             };
             let hdr = match VirtioNetHdr::parse(&buf[..n], HDR_LEN) {
