@@ -21,7 +21,7 @@ use super::super::poll::{PollQueue, Polled};
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu};
 use super::proxy::{ProxyError, RelayWatch};
-use super::queue::{pop_tx_batch, wants_interrupt, BrokenRings, ChainError, RingError, TxSlot, TX_BATCH};
+use super::queue::{pop_tx_batch, wants_interrupt, wants_interrupt_after, BrokenRings, ChainError, RingError, TxSlot, TX_BATCH};
 use super::rx::queue_usable;
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -460,7 +460,7 @@ impl VnicBackend {
                 vring.disable_notification().map_err(RingError)?;
             }
         }
-        if returned > 0 && self.wants_interrupt(vring)? {
+        if returned > 0 && self.wants_interrupt_after(vring, returned)? {
             self.signal(vring);
         }
         Ok(burst)
@@ -535,6 +535,15 @@ impl VnicBackend {
         let mem = self.0.mem.memory();
         let mut st = vring.get_mut();
         wants_interrupt(st.get_queue_mut(), &*mem)
+    }
+
+    /// Whether the driver wants an interrupt for the `returned` TX chains just given back:
+    /// only this queue's worker returns them, so the count is exact.
+    fn wants_interrupt_after(&self, vring: &Vring, returned: usize) -> Result<bool, RingError> {
+        let mem = self.0.mem.memory();
+        let st = vring.get_ref();
+        let added = u16::try_from(returned).unwrap_or(u16::MAX);
+        wants_interrupt_after(st.get_queue(), &*mem, added)
     }
 
     /// Interrupts the driver. The call eventfd is non-blocking (memcheck.rs): a frontend that

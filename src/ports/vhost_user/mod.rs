@@ -12,6 +12,7 @@ pub mod placement;
 pub mod placement;
 pub mod proxy;
 pub mod queue;
+pub mod ring;
 mod rx;
 pub mod sigbus;
 
@@ -20,7 +21,7 @@ use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -117,7 +118,14 @@ struct RxPath {
     /// RX queues (bit per queue) written to since the last flush, whose driver may want an
     /// interrupt: checked once per burst by whichever worker flushes first (rx.rs).
     pending: AtomicU64,
+    /// Per RX queue: the used index at the last interrupt check ([`UNCHECKED`] before the
+    /// first), written under the queue's lock. The used entries go through `ring.rs`, which
+    /// virtio-queue does not count, so the flush counts what was added since.
+    checked: Box<[AtomicU32]>,
 }
+
+/// No interrupt check yet on this queue: the next one counts every entry as new.
+const UNCHECKED: u32 = u32::MAX;
 
 /// A guest-facing port. Lives as long as the daemon; connections come and go.
 pub struct GuestPort {
@@ -594,9 +602,10 @@ impl GuestPort {
     fn publish(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
         let feat = self.negotiated();
         self.rx.store(Some(Arc::new(RxPath {
-            vrings,
             mem,
             feat,
+            checked: (0..vrings.len()).map(|_| AtomicU32::new(UNCHECKED)).collect(),
+            vrings,
             broken,
             pending: AtomicU64::new(0),
         })));

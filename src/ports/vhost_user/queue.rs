@@ -5,7 +5,8 @@
 //! iterator had to cut short (a loop, a `next` out of range, a chain longer than the queue,
 //! an unreadable indirect table) is detected because its last descriptor still says NEXT.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::num::Wrapping;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use arrayvec::ArrayVec;
 use thiserror::Error;
@@ -16,6 +17,7 @@ use vm_memory::{
 };
 
 use super::evict::EvictList;
+use super::ring::SplitRing;
 use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
@@ -144,7 +146,7 @@ pub fn pop_tx<M: GuestMemory>(
     let Some(chain) = next_chain(q, mem)? else {
         return Ok(None);
     };
-    Ok(Some(copy_chain(chain, mem, hdr_len, buf)))
+    Ok(Some(copy_chain(chain.head_index(), chain, mem, hdr_len, buf)))
 }
 
 /// One TX chain of a batch: where its bytes start in the batch's buffer.
@@ -175,37 +177,46 @@ pub fn pop_tx_batch<M: GuestMemory>(
     out: &mut ArrayVec<TxSlot, TX_BATCH>,
 ) -> Result<(), RingError> {
     out.clear();
-    // The iterator borrows the queue: the chains are returned once it is done with.
-    {
-        let mut it = match q.iter(mem) {
-            Ok(it) => it,
-            Err(virtio_queue::Error::QueueNotReady) => return Ok(()),
-            Err(e) => return Err(RingError(e)),
-        };
-        let (mut start, mut walked) = (0usize, 0usize);
-        while out.len() < max.min(TX_BATCH) && walked < walk_left && buf.len() - start >= frame_max {
-            let Some(chain) = it.next() else { break };
-            let t = copy_chain(chain, mem, hdr_len, &mut buf[start..start + frame_max]);
-            walked += t.walked;
-            let next = start + t.result.as_ref().map_or(0, |n| *n);
-            out.push(TxSlot { start, chain: t });
-            start = next;
+    let Some(ring) = SplitRing::new(q, mem) else {
+        return Ok(());
+    };
+    let first = q.next_avail();
+    let avail = ring.avail_idx(first)?;
+    let (mut pos, mut start, mut walked) = (first, 0usize, 0usize);
+    while out.len() < max.min(TX_BATCH) && walked < walk_left && buf.len() - start >= frame_max {
+        if pos == avail {
+            break;
         }
+        let head = ring.head(pos)?;
+        pos = pos.wrapping_add(1);
+        let t = copy_chain(head, ring.chain(head), mem, hdr_len, &mut buf[start..start + frame_max]);
+        walked += t.walked;
+        let next = start + t.result.as_ref().map_or(0, |n| *n);
+        out.push(TxSlot { start, chain: t });
+        start = next;
     }
-    for s in out.iter() {
-        add_used(q, mem, s.chain.head, 0)?;
+    q.set_next_avail(pos);
+    // Every chain is returned (length 0: nothing written) and the driver told once.
+    let used = q.next_used();
+    for (i, s) in out.iter().enumerate() {
+        ring.put_used(used.wrapping_add(i as u16), s.chain.head, 0)?;
+    }
+    if !out.is_empty() {
+        let end = used.wrapping_add(out.len() as u16);
+        ring.publish_used(end)?;
+        q.set_next_used(end);
     }
     Ok(())
 }
 
 /// Copies one TX chain into `buf` (header first).
 fn copy_chain<M: GuestMemory>(
-    chain: DescriptorChain<&M>,
+    head: u16,
+    chain: impl Iterator<Item = Descriptor>,
     mem: &M,
     hdr_len: usize,
     buf: &mut [u8],
 ) -> TxChain {
-    let head = chain.head_index();
     let mut walked = 0;
     let result = copy_out(chain, mem, buf, &mut walked).and_then(|n| {
         if n < hdr_len {
@@ -259,7 +270,7 @@ fn walk_one(walked: &mut usize, limit: usize) -> Result<(), ChainError> {
 }
 
 fn copy_out<M: GuestMemory>(
-    chain: DescriptorChain<&M>,
+    chain: impl Iterator<Item = Descriptor>,
     mem: &M,
     buf: &mut [u8],
     walked: &mut usize,
@@ -330,13 +341,13 @@ impl RxChains {
 
     /// Reads one RX chain, counting its descriptors into `walked` (the frame's whole walk),
     /// and keeps it if it is good. On error its descriptors are dropped again.
-    fn collect<M: GuestMemory>(
+    fn collect(
         &mut self,
-        chain: DescriptorChain<&M>,
+        head: u16,
+        chain: impl Iterator<Item = Descriptor>,
         walked: &mut usize,
         limit: usize,
-    ) -> (u16, Result<usize, ChainError>) {
-        let head = chain.head_index();
+    ) -> Result<usize, ChainError> {
         let start = self.descs.len();
         let res = self.walk(chain, walked, limit);
         match res {
@@ -347,12 +358,12 @@ impl RxChains {
             }
             Err(_) => self.descs.truncate(start),
         }
-        (head, res)
+        res
     }
 
-    fn walk<M: GuestMemory>(
+    fn walk(
         &mut self,
-        chain: DescriptorChain<&M>,
+        chain: impl Iterator<Item = Descriptor>,
         walked: &mut usize,
         limit: usize,
     ) -> Result<usize, ChainError> {
@@ -440,33 +451,36 @@ pub fn push_rx_walked<M: GuestMemory>(
     frame: &[u8],
     walked: &mut usize,
 ) -> Result<u16, RxError> {
+    let Some(ring) = SplitRing::new(q, mem) else {
+        return Err(RxError::NoBuffers);
+    };
     let limit = walked.saturating_add(MAX_FRAME_DESCS);
     let total = hdr_len + frame.len();
     let mut rx = RxChains::new();
     let mut room = 0usize;
+    // Chains are taken from `pos` on; `next_avail` moves only once the frame is placed or
+    // refused, so a frame that finds too few buffers consumes none.
+    let mut pos = q.next_avail();
+    let mut avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
     while room < total {
         let used = rx.chains.len();
         if used == MAX_RX_BUFFERS || (!mrg_rxbuf && used == 1) {
-            rewind(q, used);
             return Err(if mrg_rxbuf {
                 RxError::TooManyBuffers
             } else {
                 RxError::NoBuffers
             });
         }
-        let chain = match next_chain(q, mem) {
-            Ok(Some(c)) => c,
-            Ok(None) => {
-                rewind(q, used);
+        if pos == avail {
+            // A look again: the driver may have posted more since (mergeable buffers).
+            avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
+            if pos == avail {
                 return Err(RxError::NoBuffers);
             }
-            Err(e) => {
-                rewind(q, used);
-                return Err(RxError::Ring(e));
-            }
-        };
-        let (head, collected) = rx.collect(chain, walked, limit);
-        let collected = collected.and_then(|capacity| {
+        }
+        let head = ring.head(pos).map_err(RxError::Ring)?;
+        pos = pos.wrapping_add(1);
+        let collected = rx.collect(head, ring.chain(head), walked, limit).and_then(|capacity| {
             if used == 0 && capacity < hdr_len {
                 rx.chains.pop();
                 rx.descs.clear();
@@ -478,10 +492,8 @@ pub fn push_rx_walked<M: GuestMemory>(
         match collected {
             Ok(capacity) => room += capacity,
             Err(e) => {
-                for rc in &rx.chains {
-                    add_used(q, mem, rc.head, 0).map_err(RxError::Ring)?;
-                }
-                add_used(q, mem, head, 0).map_err(RxError::Ring)?;
+                let heads = rx.chains.iter().map(|rc| rc.head).chain([head]);
+                give_back(q, &ring, pos, heads)?;
                 return Err(RxError::Chain(e));
             }
         }
@@ -490,26 +502,68 @@ pub fn push_rx_walked<M: GuestMemory>(
     let mut h = *hdr;
     h.num_buffers = used as u16;
     let hdr_bytes = h.to_bytes();
+    if let Err(e) = write_frame(mem, &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
+        // A buffer outside guest memory: the frame is dropped, its chains returned empty.
+        give_back(q, &ring, pos, rx.chains.iter().map(|rc| rc.head))?;
+        return Err(RxError::Chain(e));
+    }
+    let first = q.next_used();
     let mut src_off = 0usize;
     for (i, rc) in rx.chains.iter().enumerate() {
-        let descs = rx.descs(i);
-        // The first buffer starts with the header; frame bytes then fill buffers in order.
         let off = if i == 0 { hdr_len } else { 0 };
-        if i == 0 {
-            write_at(mem, descs, 0, &hdr_bytes[..hdr_len]).map_err(RxError::Chain)?;
-        }
         let take = (rc.capacity - off).min(frame.len() - src_off);
-        write_at(mem, descs, off, &frame[src_off..src_off + take]).map_err(RxError::Chain)?;
         src_off += take;
-        add_used(q, mem, rc.head, (off + take) as u32).map_err(RxError::Ring)?;
+        ring.put_used(first.wrapping_add(i as u16), rc.head, (off + take) as u32)
+            .map_err(RxError::Ring)?;
     }
+    let end = first.wrapping_add(used as u16);
+    ring.publish_used(end).map_err(RxError::Ring)?;
+    q.set_next_avail(pos);
+    q.set_next_used(end);
     Ok(used as u16)
 }
 
-fn rewind(q: &mut Queue, n: usize) {
-    for _ in 0..n {
-        q.go_to_previous_position();
+/// Writes the header and the frame into the chains: the header at the start of the first,
+/// the frame's bytes filling the buffers in order after it.
+fn write_frame<M: GuestMemory>(
+    mem: &M,
+    rx: &RxChains,
+    hdr_len: usize,
+    hdr: &[u8],
+    frame: &[u8],
+) -> Result<(), ChainError> {
+    let mut src_off = 0usize;
+    for (i, rc) in rx.chains.iter().enumerate() {
+        let descs = rx.descs(i);
+        let off = if i == 0 { hdr_len } else { 0 };
+        if i == 0 {
+            write_at(mem, descs, 0, hdr)?;
+        }
+        let take = (rc.capacity - off).min(frame.len() - src_off);
+        write_at(mem, descs, off, &frame[src_off..src_off + take])?;
+        src_off += take;
     }
+    Ok(())
+}
+
+/// Takes the chains up to avail position `pos` and returns `heads` used with length 0: the
+/// driver sees empty buffers (and counts a length error) and the frame is dropped.
+fn give_back<M: GuestMemory>(
+    q: &mut Queue,
+    ring: &SplitRing<'_, M>,
+    pos: u16,
+    heads: impl Iterator<Item = u16>,
+) -> Result<(), RxError> {
+    let first = q.next_used();
+    let mut end = first;
+    for head in heads {
+        ring.put_used(end, head, 0).map_err(RxError::Ring)?;
+        end = end.wrapping_add(1);
+    }
+    ring.publish_used(end).map_err(RxError::Ring)?;
+    q.set_next_avail(pos);
+    q.set_next_used(end);
+    Ok(())
 }
 
 /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.
@@ -528,6 +582,32 @@ pub fn wants_interrupt<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, R
         .read_obj(GuestAddress(q.avail_ring()))
         .map_err(|e| RingError(virtio_queue::Error::GuestMemory(e)))?;
     Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
+}
+
+/// [`wants_interrupt`] for a queue whose used entries go through [`SplitRing`], which
+/// virtio-queue does not count: `added` is how many were published since the last check.
+/// The EVENT_IDX test is virtio-queue 0.18's (and Linux's `vring_need_event`): interrupt if
+/// `used_event` lies among the entries added since.
+pub fn wants_interrupt_after<M: GuestMemory>(q: &Queue, mem: &M, added: u16) -> Result<bool, RingError> {
+    // The used index was stored before the driver's used_event or flags are read
+    // (virtio 1.2, 2.7.10): a store-load order, so a full fence.
+    fence(Ordering::SeqCst);
+    let avail = GuestAddress(q.avail_ring());
+    let load = |off: u64| -> Result<u16, RingError> {
+        let at = avail
+            .checked_add(off)
+            .ok_or(RingError(virtio_queue::Error::AddressOverflow))?;
+        mem.load::<u16>(at, Ordering::Relaxed)
+            .map(u16::from_le)
+            .map_err(|e| RingError(virtio_queue::Error::GuestMemory(e)))
+    };
+    if q.event_idx_enabled() {
+        let used_event = Wrapping(load(4 + 2 * u64::from(q.size()))?);
+        let new = Wrapping(q.next_used());
+        let old = new - Wrapping(added);
+        return Ok(new - used_event - Wrapping(1) < new - old);
+    }
+    Ok(load(0)? & AVAIL_F_NO_INTERRUPT == 0)
 }
 
 /// The readable bytes of a control command, where to write its ack, and the large buffers

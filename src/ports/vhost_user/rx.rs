@@ -13,8 +13,8 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
-use super::queue::{push_rx, wants_interrupt, ChainError, RingError, RxError, MAX_FRAME_DESCS};
-use super::{error_chain, GuestPort, RxPath, Vring};
+use super::queue::{push_rx, wants_interrupt_after, ChainError, RingError, RxError, MAX_FRAME_DESCS};
+use super::{error_chain, GuestPort, RxPath, Vring, UNCHECKED};
 use crate::device::filter::Verdict;
 use crate::device::rss::Steered;
 use crate::pipeline::gso;
@@ -216,11 +216,20 @@ impl GuestPort {
             bits &= bits - 1;
             let Some(vring) = rx.vrings.get(q) else { continue };
             let wants = {
-                let mut st = vring.get_mut();
+                let st = vring.get_mut();
                 if !st.is_enabled() || !st.get_queue().ready() {
                     continue; // Stopped since: its next start begins afresh.
                 }
-                wants_interrupt(st.get_queue_mut(), &*mem)
+                let queue = st.get_queue();
+                let mark = &rx.checked[q];
+                let last = mark.load(Ordering::Relaxed);
+                mark.store(u32::from(queue.next_used()), Ordering::Relaxed);
+                let added = if last == UNCHECKED {
+                    u16::MAX
+                } else {
+                    queue.next_used().wrapping_sub(last as u16)
+                };
+                wants_interrupt_after(queue, &*mem, added)
             };
             match wants {
                 Ok(false) => {}

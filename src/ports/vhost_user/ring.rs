@@ -1,0 +1,250 @@
+//! A split virtqueue's three areas (descriptor table, avail ring, used ring) found in host
+//! memory once per burst instead of once per access.
+//!
+//! virtio-queue 0.18 reads each avail entry, descriptor and used element through
+//! `GuestMemory::load`, `read_obj` and `write_obj`: every access looks its region up again,
+//! and `read_obj`/`write_obj` go through vm-memory's region iterator, which cost more than
+//! the access itself (docs/benchmarks.md, "PVP loop"). [`SplitRing`] resolves each area to
+//! one `VolatileSlice` when a burst starts; after that an access is a bounds check and one
+//! volatile load or store.
+//!
+//! The rules are virtio-queue's, kept exactly (its `AvailIter`, `DescriptorChain` and
+//! `add_used`), and `tests/ring.rs` checks that against virtio-queue itself on random rings.
+//! Two differences, both on broken rings: an avail entry that cannot be read is an error
+//! here, where virtio-queue logs and reports an empty ring each time; and a used entry is
+//! written without publishing the used index, which the caller does once per burst
+//! ([`SplitRing::publish_used`]). An area that does not lie in one memory region (a driver
+//! may place a ring across two) is accessed through `GuestMemory` per access, as before.
+
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
+
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Error as QueueError, Queue, QueueT};
+use vm_memory::bitmap::MS;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice};
+
+use super::queue::RingError;
+
+/// VRING_DESC_F_INDIRECT's tables are made of 16-byte descriptors (virtio 1.2, 2.7.5.3).
+const DESC_SIZE: u64 = 16;
+
+/// One area of the ring: a slice of host memory when it lies in one region, else its guest
+/// address, accessed through `GuestMemory` as virtio-queue does.
+enum Area<'m, M: GuestMemory + ?Sized + 'm> {
+    Host(VolatileSlice<'m, MS<'m, M::PhysicalMemory>>),
+    Guest(GuestAddress),
+}
+
+impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
+    fn new(mem: &'m M, addr: GuestAddress, len: u64) -> Self {
+        let host = usize::try_from(len)
+            .ok()
+            .and_then(|len| mem.physical_memory()?.get_slice(addr, len).ok());
+        match host {
+            Some(s) => Area::Host(s),
+            None => Area::Guest(addr),
+        }
+    }
+
+    fn at(addr: GuestAddress, off: u64) -> Result<GuestAddress, QueueError> {
+        addr.checked_add(off).ok_or(QueueError::AddressOverflow)
+    }
+
+    fn load_u16(&self, mem: &M, off: u64, order: Ordering) -> Result<u16, QueueError> {
+        let v = match self {
+            // `off` is within the slice by construction; still checked by vm-memory.
+            Area::Host(s) => s
+                .load::<u16>(off as usize, order)
+                .map_err(QueueError::VolatileMemoryError)?,
+            Area::Guest(a) => mem.load(Self::at(*a, off)?, order).map_err(QueueError::GuestMemory)?,
+        };
+        Ok(u16::from_le(v))
+    }
+
+    fn store_u16(&self, mem: &M, off: u64, v: u16, order: Ordering) -> Result<(), QueueError> {
+        match self {
+            Area::Host(s) => s
+                .store(v.to_le(), off as usize, order)
+                .map_err(QueueError::VolatileMemoryError),
+            Area::Guest(a) => mem
+                .store(v.to_le(), Self::at(*a, off)?, order)
+                .map_err(QueueError::GuestMemory),
+        }
+    }
+
+    fn read_desc(&self, mem: &M, off: u64) -> Result<Descriptor, QueueError> {
+        match self {
+            Area::Host(s) => s
+                .get_ref::<Descriptor>(off as usize)
+                .map(|r| r.load())
+                .map_err(QueueError::VolatileMemoryError),
+            Area::Guest(a) => mem.read_obj(Self::at(*a, off)?).map_err(QueueError::GuestMemory),
+        }
+    }
+
+    /// One used element: the chain's head and the bytes written, little-endian.
+    fn write_used(&self, mem: &M, off: u64, id: u32, len: u32) -> Result<(), QueueError> {
+        match self {
+            // Two 32-bit stores: the used ring is only 4-byte aligned (virtio 1.2, 2.7).
+            Area::Host(s) => s
+                .store(id.to_le(), off as usize, Ordering::Relaxed)
+                .and_then(|()| s.store(len.to_le(), off as usize + 4, Ordering::Relaxed))
+                .map_err(QueueError::VolatileMemoryError),
+            Area::Guest(a) => {
+                let mut e = [0u8; 8];
+                e[..4].copy_from_slice(&id.to_le_bytes());
+                e[4..].copy_from_slice(&len.to_le_bytes());
+                mem.write_slice(&e, Self::at(*a, off)?).map_err(QueueError::GuestMemory)
+            }
+        }
+    }
+}
+
+/// A started queue's rings, valid while the memory guard `mem` lives.
+pub struct SplitRing<'m, M: GuestMemory + ?Sized + 'm> {
+    mem: &'m M,
+    size: u16,
+    desc: Area<'m, M>,
+    avail: Area<'m, M>,
+    used: Area<'m, M>,
+}
+
+impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
+    /// The rings of `q`; `None` when the queue is not started (virtio-queue's
+    /// `QueueNotReady`: not ready, or no avail ring yet).
+    pub fn new(q: &Queue, mem: &'m M) -> Option<Self> {
+        if !q.ready() || q.avail_ring() == 0 || q.size() == 0 {
+            return None;
+        }
+        let size = q.size();
+        let n = u64::from(size);
+        Some(SplitRing {
+            mem,
+            size,
+            desc: Area::new(mem, GuestAddress(q.desc_table()), DESC_SIZE * n),
+            avail: Area::new(mem, GuestAddress(q.avail_ring()), 4 + 2 * n),
+            used: Area::new(mem, GuestAddress(q.used_ring()), 4 + 8 * n),
+        })
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// The driver's avail index. One more than a ring ahead of `next_avail` is refused, as
+    /// virtio-queue refuses it (`InvalidAvailRingIndex`): the driver never makes a chain
+    /// available twice, and believing it would make the device serve chains forever.
+    pub fn avail_idx(&self, next_avail: u16) -> Result<u16, RingError> {
+        let idx = self
+            .avail
+            .load_u16(self.mem, 2, Ordering::Acquire)
+            .map_err(RingError)?;
+        if (Wrapping(idx) - Wrapping(next_avail)).0 > self.size {
+            return Err(RingError(QueueError::InvalidAvailRingIndex));
+        }
+        Ok(idx)
+    }
+
+    /// The head of the chain at avail position `pos` (taken modulo the ring size).
+    pub fn head(&self, pos: u16) -> Result<u16, RingError> {
+        let off = 4 + 2 * u64::from(pos % self.size);
+        self.avail
+            .load_u16(self.mem, off, Ordering::Acquire)
+            .map_err(RingError)
+    }
+
+    /// The descriptors of the chain starting at `head`.
+    pub fn chain(&self, head: u16) -> Chain<'_, 'm, M> {
+        Chain {
+            ring: self,
+            table: None,
+            table_size: self.size,
+            next: head,
+            ttl: self.size,
+            yielded: 0,
+        }
+    }
+
+    /// Writes used element `pos` (modulo the ring size): chain `head`, `len` bytes written.
+    /// The driver does not see it before [`SplitRing::publish_used`].
+    pub fn put_used(&self, pos: u16, head: u16, len: u32) -> Result<(), RingError> {
+        if head >= self.size {
+            return Err(RingError(QueueError::InvalidDescriptorIndex));
+        }
+        let off = 4 + 8 * u64::from(pos % self.size);
+        self.used
+            .write_used(self.mem, off, u32::from(head), len)
+            .map_err(RingError)
+    }
+
+    /// Publishes the used index: every element written before it is the driver's. A release
+    /// store, as virtio-queue's `add_used` makes (virtio 1.2, 2.7.8: the device updates the
+    /// ring before the index).
+    pub fn publish_used(&self, idx: u16) -> Result<(), RingError> {
+        self.used
+            .store_u16(self.mem, 2, idx, Ordering::Release)
+            .map_err(RingError)
+    }
+}
+
+/// The descriptors of one chain, by virtio-queue 0.18's rules (`DescriptorChain`): at most
+/// as many as the table holds, one indirect table at most and none inside it, ending early
+/// (`None`) at a bad index, an unreadable descriptor, or lengths past `u32::MAX` in total.
+/// A caller tells a chain cut short by its last descriptor still having NEXT.
+pub struct Chain<'r, 'm, M: GuestMemory + ?Sized + 'm> {
+    ring: &'r SplitRing<'m, M>,
+    /// The indirect table being walked, if the chain switched to one.
+    table: Option<Area<'m, M>>,
+    table_size: u16,
+    next: u16,
+    ttl: u16,
+    yielded: u32,
+}
+
+impl<M: GuestMemory + ?Sized> Chain<'_, '_, M> {
+    fn read(&self, index: u16) -> Option<Descriptor> {
+        let off = u64::from(index) * DESC_SIZE;
+        let area = self.table.as_ref().unwrap_or(&self.ring.desc);
+        area.read_desc(self.ring.mem, off).ok()
+    }
+
+    /// Follows an indirect descriptor: its table must be a whole number of descriptors, at
+    /// most 65 535 of them, and not inside another indirect table.
+    fn to_indirect(&mut self, d: &Descriptor) -> Option<()> {
+        if self.table.is_some() || u64::from(d.len()) % DESC_SIZE != 0 {
+            return None;
+        }
+        let n = u16::try_from(u64::from(d.len()) / DESC_SIZE).ok()?;
+        self.table = Some(Area::new(self.ring.mem, d.addr(), u64::from(d.len())));
+        self.table_size = n;
+        self.next = 0;
+        self.ttl = n;
+        Some(())
+    }
+}
+
+impl<M: GuestMemory + ?Sized> Iterator for Chain<'_, '_, M> {
+    type Item = Descriptor;
+
+    fn next(&mut self) -> Option<Descriptor> {
+        loop {
+            if self.ttl == 0 || self.next >= self.table_size {
+                return None;
+            }
+            let d = self.read(self.next)?;
+            if d.refers_to_indirect_table() {
+                self.to_indirect(&d)?;
+                continue;
+            }
+            self.yielded = self.yielded.checked_add(d.len())?;
+            if d.has_next() {
+                self.next = d.next();
+                self.ttl -= 1;
+            } else {
+                self.ttl = 0;
+            }
+            return Some(d);
+        }
+    }
+}

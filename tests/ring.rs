@@ -1,0 +1,198 @@
+//! `ring::SplitRing` against virtio-queue 0.18 itself: the same random ring, good and bad
+//! (loops, indexes past the table, nested and odd-sized indirect tables, buffers outside
+//! memory, an avail index too far ahead), read both ways, must give the same chains, and
+//! returning them both ways must leave the same used ring and the same interrupt decision.
+
+use dpaa_vnic::ports::vhost_user::queue::wants_interrupt_after;
+use dpaa_vnic::ports::vhost_user::ring::SplitRing;
+use proptest::prelude::*;
+use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const SIZE: u16 = 16;
+const MEM: usize = 0x1_0000;
+/// Where indirect tables may point: 64 random descriptors live here.
+const TABLES: u64 = 0x8000;
+const TABLE_SLOTS: u16 = 64;
+
+/// One random ring: the descriptor table, the spare descriptors indirect tables point into,
+/// the avail entries, the avail index, and `used_event`.
+#[derive(Debug, Clone)]
+struct Layout {
+    table: Vec<(u64, u32, u16, u16)>,
+    spare: Vec<(u64, u32, u16, u16)>,
+    heads: Vec<u16>,
+    avail_idx: u16,
+    used_event: u16,
+    event_idx: bool,
+}
+
+fn desc() -> impl Strategy<Value = (u64, u32, u16, u16)> {
+    let addr = prop_oneof![
+        Just(TABLES),
+        Just(TABLES + 16 * 8),
+        (0x1000u64..0x1_1000),
+        Just(MEM as u64 - 8),
+        Just(u64::MAX - 4),
+    ];
+    let len = prop_oneof![(0u32..0x200), Just(16), Just(32), Just(48), Just(u32::MAX)];
+    let flags = 0u16..8; // NEXT, WRITE, INDIRECT in any mix
+    let next = 0u16..SIZE + 2;
+    (addr, len, flags, next)
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    (
+        prop::collection::vec(desc(), SIZE as usize),
+        prop::collection::vec(desc(), TABLE_SLOTS as usize),
+        prop::collection::vec(0u16..SIZE + 2, SIZE as usize),
+        prop_oneof![0u16..=SIZE, Just(SIZE + 1), Just(u16::MAX)],
+        any::<u16>(),
+        any::<bool>(),
+    )
+        .prop_map(|(table, spare, heads, avail_idx, used_event, event_idx)| Layout {
+            table,
+            spare,
+            heads,
+            avail_idx,
+            used_event,
+            event_idx,
+        })
+}
+
+fn raw((addr, len, flags, next): (u64, u32, u16, u16)) -> RawDescriptor {
+    RawDescriptor::from(Descriptor::new(addr, len, flags, next))
+}
+
+/// Where the rings live. Laid out here, not by `MockSplitQueue`: virtio-queue 0.18's mock
+/// puts the used ring over the avail ring's second half (its `AvailRing::end` counts one byte
+/// per entry), which random avail entries would overwrite.
+const DESC: u64 = 0;
+const AVAIL: u64 = 0x400;
+const USED: u64 = 0x800;
+
+/// A started queue of `SIZE` entries at `desc`, `avail`, `used`.
+fn queue(desc: u64, avail: u64, used: u64) -> Queue {
+    let mut q = Queue::new(SIZE).unwrap();
+    q.set_size(SIZE);
+    q.try_set_desc_table_address(GuestAddress(desc)).unwrap();
+    q.try_set_avail_ring_address(GuestAddress(avail)).unwrap();
+    q.try_set_used_ring_address(GuestAddress(used)).unwrap();
+    q.set_ready(true);
+    q
+}
+
+/// Guest memory holding the layout, and its queue, started.
+fn build(l: &Layout) -> (GuestMemoryMmap, Queue) {
+    let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let put = |at: u64, v: u16| m.write_obj(u16::to_le(v), GuestAddress(at)).unwrap();
+    for (i, d) in l.table.iter().enumerate() {
+        m.write_obj(raw(*d), GuestAddress(DESC + 16 * i as u64)).unwrap();
+    }
+    for (k, h) in l.heads.iter().enumerate() {
+        put(AVAIL + 4 + 2 * k as u64, *h);
+    }
+    put(AVAIL + 2, l.avail_idx);
+    put(AVAIL + 4 + 2 * u64::from(SIZE), l.used_event);
+    for (i, d) in l.spare.iter().enumerate() {
+        m.write_obj(raw(*d), GuestAddress(TABLES + 16 * i as u64)).unwrap();
+    }
+    let mut q = queue(DESC, AVAIL, USED);
+    q.set_event_idx(l.event_idx);
+    (m, q)
+}
+
+type Seen = Vec<(u64, u32, u16, u16)>;
+
+fn seen(it: impl Iterator<Item = Descriptor>) -> Seen {
+    it.map(|d| (d.addr().0, d.len(), d.flags(), d.next())).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn reads_and_returns_chains_as_virtio_queue_does(l in layout()) {
+        let (m1, mut q1) = build(&l);
+        let (m2, mut q2) = build(&l);
+
+        // virtio-queue: every available chain, then each returned with its length.
+        let theirs: Result<Vec<(u16, Seen)>, _> = q1
+            .iter(&m1)
+            .map(|it| it.map(|c| (c.head_index(), seen(c))).collect());
+
+        let ring = SplitRing::new(&q2, &m2).expect("started");
+        let ours: Result<Vec<(u16, Seen)>, _> = ring.avail_idx(q2.next_avail()).map(|end| {
+            let mut pos = q2.next_avail();
+            let mut v = Vec::new();
+            while pos != end {
+                let head = ring.head(pos).expect("avail ring in memory");
+                v.push((head, seen(ring.chain(head))));
+                pos = pos.wrapping_add(1);
+            }
+            v
+        });
+        match (&theirs, &ours) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(_), Err(_)) => return Ok(()),
+            _ => prop_assert!(false, "virtio-queue {:?}, ours {:?}", theirs.is_ok(), ours.is_ok()),
+        }
+        let chains = ours.unwrap();
+
+        // Returned: virtio-queue's add_used one by one, ours written then published once.
+        let mut refused = (0, 0);
+        for (i, (head, descs)) in chains.iter().enumerate() {
+            let len = descs.iter().map(|d| d.1).fold(0u32, u32::wrapping_add);
+            let a = q1.add_used(&m1, *head, len).is_ok();
+            let b = ring.put_used(q2.next_used().wrapping_add(i as u16), *head, len).is_ok();
+            prop_assert_eq!(a, b, "head {}", head);
+            if !a {
+                refused.0 += 1;
+                break;
+            }
+            refused.1 += 1;
+        }
+        let added = refused.1 as u16;
+        let end = q2.next_used().wrapping_add(added);
+        ring.publish_used(end).unwrap();
+        q2.set_next_avail(q2.next_avail().wrapping_add(chains.len() as u16));
+        q2.set_next_used(end);
+        prop_assert_eq!(q1.next_used(), q2.next_used());
+        let used = |m: &GuestMemoryMmap, q: &Queue| {
+            let mut b = vec![0u8; 4 + 8 * SIZE as usize];
+            m.read_slice(&mut b, GuestAddress(q.used_ring())).unwrap();
+            b
+        };
+        prop_assert_eq!(used(&m1, &q1), used(&m2, &q2));
+
+        // The interrupt decision for what was just added.
+        if l.event_idx {
+            let theirs = q1.needs_notification(&m1).unwrap();
+            let ours = wants_interrupt_after(&q2, &m2, added).unwrap();
+            prop_assert_eq!(theirs, ours);
+        }
+    }
+}
+
+/// A ring that does not lie in one memory region is still served, access by access.
+#[test]
+fn a_ring_across_two_regions_is_read_through_guest_memory() {
+    let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1_0000)]).unwrap();
+    // The descriptor table (16 x 16 bytes at 0xf80) crosses from the first region into the next.
+    for i in 0..SIZE {
+        let d = raw((0x4000 + 0x100 * u64::from(i), 64, 0, 0));
+        m.write_obj(d, GuestAddress(0xf80 + 16 * u64::from(i))).unwrap();
+        m.write_obj(u16::to_le(i), GuestAddress(0x2004 + 2 * u64::from(i))).unwrap();
+    }
+    m.write_obj(u16::to_le(SIZE), GuestAddress(0x2002)).unwrap();
+    let q = queue(0xf80, 0x2000, 0x3000);
+    let ring = SplitRing::new(&q, &m).unwrap();
+    let end = ring.avail_idx(0).unwrap();
+    assert_eq!(end, SIZE);
+    for pos in 0..SIZE {
+        let head = ring.head(pos).unwrap();
+        assert_eq!(seen(ring.chain(head)), vec![(0x4000 + 0x100 * u64::from(pos), 64, 0, 0)]);
+    }
+}
+
