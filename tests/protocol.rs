@@ -341,6 +341,39 @@ fn rx_frame_is_written_with_header_and_signalled() {
     assert!(s.rx_dropped >= 1);
 }
 
+/// RX used entries reach the driver once per burst, at the flush, not frame by frame; a
+/// ring stopped mid-burst (GET_VRING_BASE) has them published before its base is read.
+#[test]
+fn rx_used_index_is_published_per_burst_and_at_stop() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    post_rx_buffers(&g, &rxq);
+    let mut f = frame("52:54:00:d0:aa:01", 100);
+    deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
+    r.port.send(
+        &r.tally,
+        0,
+        &mut Packet {
+            hdr: VirtioNetHdr::default(),
+            frame: &mut f,
+        },
+        &mut Vec::new(),
+    );
+    assert_eq!(r.port.stats()[0].rx_packets, 2, "second frame not written");
+    assert_eq!(
+        rxq.used().idx().load(),
+        1,
+        "used index published before the flush"
+    );
+    g.fe.get_vring_base(0).unwrap();
+    assert_eq!(
+        rxq.used().idx().load(),
+        2,
+        "stopped ring left an entry unpublished"
+    );
+}
+
 /// A snooping port is never given another host's membership report (RFC 4541 2.1.1): an
 /// IGMPv2 guest that heard one for its group would not send its own. Queries still reach it.
 #[test]

@@ -96,7 +96,8 @@ fn build(l: &Layout) -> (GuestMemoryMmap, Queue) {
     put(AVAIL + 2, l.avail_idx);
     put(AVAIL + 4 + 2 * u64::from(SIZE), l.used_event);
     for (i, d) in l.spare.iter().enumerate() {
-        m.write_obj(raw(*d), GuestAddress(TABLES + 16 * i as u64)).unwrap();
+        m.write_obj(raw(*d), GuestAddress(TABLES + 16 * i as u64))
+            .unwrap();
     }
     let mut q = queue(DESC, AVAIL, USED);
     q.set_event_idx(l.event_idx);
@@ -178,12 +179,14 @@ proptest! {
 /// A ring that does not lie in one memory region is still served, access by access.
 #[test]
 fn a_ring_across_two_regions_is_read_through_guest_memory() {
-    let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1_0000)]).unwrap();
+    let m: GuestMemoryMmap =
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1_0000)]).unwrap();
     // The descriptor table (16 x 16 bytes at 0xf80) crosses from the first region into the next.
     for i in 0..SIZE {
         let d = raw((0x4000 + 0x100 * u64::from(i), 64, 0, 0));
         m.write_obj(d, GuestAddress(0xf80 + 16 * u64::from(i))).unwrap();
-        m.write_obj(u16::to_le(i), GuestAddress(0x2004 + 2 * u64::from(i))).unwrap();
+        m.write_obj(u16::to_le(i), GuestAddress(0x2004 + 2 * u64::from(i)))
+            .unwrap();
     }
     m.write_obj(u16::to_le(SIZE), GuestAddress(0x2002)).unwrap();
     let q = queue(0xf80, 0x2000, 0x3000);
@@ -192,7 +195,9 @@ fn a_ring_across_two_regions_is_read_through_guest_memory() {
     assert_eq!(end, SIZE);
     for pos in 0..SIZE {
         let head = ring.head(pos).unwrap();
-        assert_eq!(seen(ring.chain(head)), vec![(0x4000 + 0x100 * u64::from(pos), 64, 0, 0)]);
+        assert_eq!(
+            seen(ring.chain(head)),
+            vec![(0x4000 + 0x100 * u64::from(pos), 64, 0, 0)]
+        );
     }
 }
-

@@ -21,7 +21,10 @@ use super::super::poll::{PollQueue, Polled};
 use super::evict::NextLines;
 use super::placement::{CpuSet, CtrlCpu};
 use super::proxy::{ProxyError, RelayWatch};
-use super::queue::{pop_tx_batch, wants_interrupt, wants_interrupt_after, BrokenRings, ChainError, RingError, TxSlot, TX_BATCH};
+use super::queue::{
+    pop_tx_batch, publish_used, wants_interrupt, wants_interrupt_after, BrokenRings, ChainError, RingError,
+    TxSlot, TX_BATCH,
+};
 use super::rx::queue_usable;
 use super::sigbus::MemOwner;
 use super::{error_chain, GuestPort, Mem, Vring};
@@ -590,6 +593,27 @@ impl VhostUserBackend for VnicBackend {
     }
 
     fn set_event_idx(&self, _enabled: bool) {}
+
+    /// GET_VRING_BASE: the queue is marked not ready before this is called, so nothing more
+    /// is written into it. An RX queue's last entries may still wait for the flush that
+    /// publishes them (`rx.rs`): they are published here, before the frontend reads the
+    /// used index back.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let index = queue_index as usize;
+        if !matches!(self.role(index), Role::Rx) {
+            return Ok(());
+        }
+        let vring = crate::sync::lock(&self.0.captured).get(index).cloned().flatten();
+        if let Some(vring) = vring {
+            let mem = self.0.mem.memory();
+            let st = vring.get_ref();
+            if let Err(e) = publish_used(st.get_queue(), &*mem) {
+                drop(st);
+                self.0.port.ring_broken(&self.0.broken, index, &e);
+            }
+        }
+        Ok(())
+    }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
         let port = &self.0.port;

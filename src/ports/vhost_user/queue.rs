@@ -189,7 +189,13 @@ pub fn pop_tx_batch<M: GuestMemory>(
         }
         let head = ring.head(pos)?;
         pos = pos.wrapping_add(1);
-        let t = copy_chain(head, ring.chain(head), mem, hdr_len, &mut buf[start..start + frame_max]);
+        let t = copy_chain(
+            head,
+            ring.chain(head),
+            mem,
+            hdr_len,
+            &mut buf[start..start + frame_max],
+        );
         walked += t.walked;
         let next = start + t.result.as_ref().map_or(0, |n| *n);
         out.push(TxSlot { start, chain: t });
@@ -451,6 +457,25 @@ pub fn push_rx_walked<M: GuestMemory>(
     frame: &[u8],
     walked: &mut usize,
 ) -> Result<u16, RxError> {
+    let res = push_rx_unpublished(q, mem, hdr_len, mrg_rxbuf, hdr, frame, walked);
+    publish_used(q, mem).map_err(RxError::Ring)?;
+    res
+}
+
+/// [`push_rx_walked`] without publishing the used index: the entries are written and
+/// `next_used` moves on, but the driver sees them only at the next [`publish_used`]. The
+/// daemon publishes once per burst, when it checks for an interrupt: each store of the
+/// index moves a cache line the driver keeps reading to this CPU and back, as vhost-net and
+/// DPDK's vhost library batch their used-index updates too.
+pub fn push_rx_unpublished<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    walked: &mut usize,
+) -> Result<u16, RxError> {
     let Some(ring) = SplitRing::new(q, mem) else {
         return Err(RxError::NoBuffers);
     };
@@ -480,15 +505,17 @@ pub fn push_rx_walked<M: GuestMemory>(
         }
         let head = ring.head(pos).map_err(RxError::Ring)?;
         pos = pos.wrapping_add(1);
-        let collected = rx.collect(head, ring.chain(head), walked, limit).and_then(|capacity| {
-            if used == 0 && capacity < hdr_len {
-                rx.chains.pop();
-                rx.descs.clear();
-                Err(ChainError::TooShort(capacity))
-            } else {
-                Ok(capacity)
-            }
-        });
+        let collected = rx
+            .collect(head, ring.chain(head), walked, limit)
+            .and_then(|capacity| {
+                if used == 0 && capacity < hdr_len {
+                    rx.chains.pop();
+                    rx.descs.clear();
+                    Err(ChainError::TooShort(capacity))
+                } else {
+                    Ok(capacity)
+                }
+            });
         match collected {
             Ok(capacity) => room += capacity,
             Err(e) => {
@@ -517,7 +544,6 @@ pub fn push_rx_walked<M: GuestMemory>(
             .map_err(RxError::Ring)?;
     }
     let end = first.wrapping_add(used as u16);
-    ring.publish_used(end).map_err(RxError::Ring)?;
     q.set_next_avail(pos);
     q.set_next_used(end);
     Ok(used as u16)
@@ -560,10 +586,23 @@ fn give_back<M: GuestMemory>(
         ring.put_used(end, head, 0).map_err(RxError::Ring)?;
         end = end.wrapping_add(1);
     }
-    ring.publish_used(end).map_err(RxError::Ring)?;
     q.set_next_avail(pos);
     q.set_next_used(end);
     Ok(())
+}
+
+/// Publishes `next_used` as the used index (a release store): every used entry written
+/// before it becomes the driver's. Works on a stopped queue too, for what a burst wrote
+/// before GET_VRING_BASE stopped it.
+pub fn publish_used<M: GuestMemory>(q: &Queue, mem: &M) -> Result<(), RingError> {
+    if q.used_ring() == 0 {
+        return Ok(());
+    }
+    let at = GuestAddress(q.used_ring())
+        .checked_add(2)
+        .ok_or(RingError(virtio_queue::Error::AddressOverflow))?;
+    mem.store(q.next_used().to_le(), at, Ordering::Release)
+        .map_err(|e| RingError(virtio_queue::Error::GuestMemory(e)))
 }
 
 /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.

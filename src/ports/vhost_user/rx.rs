@@ -13,7 +13,9 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
-use super::queue::{push_rx, wants_interrupt_after, ChainError, RingError, RxError, MAX_FRAME_DESCS};
+use super::queue::{
+    publish_used, push_rx_unpublished, wants_interrupt_after, ChainError, RingError, RxError, MAX_FRAME_DESCS,
+};
 use super::{error_chain, GuestPort, RxPath, Vring, UNCHECKED};
 use crate::device::filter::Verdict;
 use crate::device::rss::Steered;
@@ -163,13 +165,15 @@ impl GuestPort {
             return false;
         };
         let Some(res) = self.contain("a received frame", || {
-            push_rx(
+            // Published with the burst's interrupt check (`flush_rx`).
+            push_rx_unpublished(
                 state.get_queue_mut(),
                 &*mem,
                 rx.feat.hdr_len(),
                 rx.feat.mrg_rxbuf(),
                 &out,
                 frame,
+                &mut 0,
             )
         }) else {
             // Where the ring was left is unknown: nothing more goes into it.
@@ -200,9 +204,10 @@ impl GuestPort {
         delivered
     }
 
-    /// Interrupts the driver of every RX queue written to since the last flush, if it wants
-    /// one: one check per queue and burst. virtio-queue counts the used entries added since
-    /// the last check, so EVENT_IDX's `used_event` is weighed against the whole burst.
+    /// Publishes the used index of every RX queue written to since the last flush, and
+    /// interrupts its driver if it wants one: one store and one check per queue and burst.
+    /// `checked` holds the used index at the last check, so EVENT_IDX's `used_event` is
+    /// weighed against the whole burst.
     pub(super) fn flush_rx(&self) {
         let guard = self.rx.load();
         let Some(rx) = guard.as_ref() else { return };
@@ -217,10 +222,17 @@ impl GuestPort {
             let Some(vring) = rx.vrings.get(q) else { continue };
             let wants = {
                 let st = vring.get_mut();
-                if !st.is_enabled() || !st.get_queue().ready() {
+                let queue = st.get_queue();
+                // Published even if the ring was disabled since: what was written is the
+                // driver's. A reset queue has no used ring left to write to.
+                if let Err(e) = publish_used(queue, &*mem) {
+                    drop(st);
+                    self.ring_broken(&rx.broken, 2 * q, &e);
+                    continue;
+                }
+                if !st.is_enabled() || !queue.ready() {
                     continue; // Stopped since: its next start begins afresh.
                 }
-                let queue = st.get_queue();
                 let mark = &rx.checked[q];
                 let last = mark.load(Ordering::Relaxed);
                 mark.store(u32::from(queue.next_used()), Ordering::Relaxed);
