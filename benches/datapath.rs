@@ -1,13 +1,18 @@
 //! Per-packet cost of the queue layer on mock guest memory: TX (copy a chain out, return it)
-//! and RX (write a frame into merged buffers), 64 and 1500 bytes, against memcpy of the same
-//! bytes as the in-run baseline; and the Internet checksum against memcpy of the same buffer.
+//! chain by chain through virtio-queue and in the daemon's batches through `ring.rs`, and RX
+//! (write a frame into merged buffers) with the used index published per frame and per
+//! batch, 64 and 1500 bytes, against memcpy of the same bytes as the in-run baseline; and
+//! the Internet checksum against memcpy of the same buffer.
 //!
 //! cargo bench --bench datapath
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use dpaa_vnic::ports::vhost_user::queue::{pop_tx, push_rx};
+use arrayvec::ArrayVec;
+use dpaa_vnic::ports::vhost_user::queue::{
+    pop_tx, pop_tx_batch, publish_used, push_rx, push_rx_unpublished, TxSlot, TX_BATCH,
+};
 use dpaa_vnic::wire::checksum;
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -52,7 +57,7 @@ fn bench_queues(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("queue/{size}B"));
         g.throughput(Throughput::Elements(u64::from(BATCH)));
         let tx = chains(0, (HDR + size) as u32);
-        g.bench_function("tx pop+copy+used", |b| {
+        g.bench_function("tx pop+copy+used (virtio-queue)", |b| {
             let mut buf = vec![0u8; 65_562];
             b.iter_batched(
                 || fresh_queue(&m, &tx),
@@ -60,6 +65,24 @@ fn bench_queues(c: &mut Criterion) {
                     while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf).unwrap() {
                         q.add_used(&m, t.head, 0).unwrap();
                         black_box(t.result.unwrap());
+                    }
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_function("tx batch (ring.rs)", |b| {
+            // Room for the largest frame after a batch of this size, as the daemon's arena.
+            let mut buf = vec![0u8; 65_562 + TX_BATCH * (HDR + size)];
+            let mut batch: ArrayVec<TxSlot, TX_BATCH> = ArrayVec::new();
+            b.iter_batched(
+                || fresh_queue(&m, &tx),
+                |mut q| loop {
+                    pop_tx_batch(&mut q, &m, HDR, &mut buf, 65_562, 256, 8192, &mut batch).unwrap();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for s in batch.drain(..) {
+                        black_box(s.chain.result.unwrap());
                     }
                 },
                 BatchSize::LargeInput,
@@ -75,6 +98,22 @@ fn bench_queues(c: &mut Criterion) {
                     for _ in 0..BATCH {
                         black_box(push_rx(&mut q, &m, HDR, true, &hdr, &frame).expect("rx push"));
                     }
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_function("rx push (mrg), published per batch", |b| {
+            b.iter_batched(
+                || fresh_queue(&m, &rx),
+                |mut q| {
+                    for i in 0..BATCH {
+                        let n = push_rx_unpublished(&mut q, &m, HDR, true, &hdr, &frame, &mut 0);
+                        black_box(n.expect("rx push"));
+                        if i % 32 == 31 {
+                            publish_used(&q, &m).unwrap();
+                        }
+                    }
+                    publish_used(&q, &m).unwrap();
                 },
                 BatchSize::LargeInput,
             )

@@ -22,9 +22,7 @@ use std::sync::atomic::Ordering;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
 use vm_memory::bitmap::MS;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice};
 
 use super::queue::RingError;
 
@@ -59,9 +57,7 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
             Area::Host(s) => s
                 .load::<u16>(off as usize, order)
                 .map_err(QueueError::VolatileMemoryError)?,
-            Area::Guest(a) => mem
-                .load(Self::at(*a, off)?, order)
-                .map_err(QueueError::GuestMemory)?,
+            Area::Guest(a) => mem.load(Self::at(*a, off)?, order).map_err(QueueError::GuestMemory)?,
         };
         Ok(u16::from_le(v))
     }
@@ -99,8 +95,7 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
                 let mut e = [0u8; 8];
                 e[..4].copy_from_slice(&id.to_le_bytes());
                 e[4..].copy_from_slice(&len.to_le_bytes());
-                mem.write_slice(&e, Self::at(*a, off)?)
-                    .map_err(QueueError::GuestMemory)
+                mem.write_slice(&e, Self::at(*a, off)?).map_err(QueueError::GuestMemory)
             }
         }
     }
@@ -216,7 +211,7 @@ impl<M: GuestMemory + ?Sized> Chain<'_, '_, M> {
 
     /// Follows an indirect descriptor: its table must be a whole number of descriptors, at
     /// most 65 535 of them, and not inside another indirect table.
-    fn to_indirect(&mut self, d: &Descriptor) -> Option<()> {
+    fn enter_indirect(&mut self, d: &Descriptor) -> Option<()> {
         if self.table.is_some() || u64::from(d.len()) % DESC_SIZE != 0 {
             return None;
         }
@@ -239,7 +234,7 @@ impl<M: GuestMemory + ?Sized> Iterator for Chain<'_, '_, M> {
             }
             let d = self.read(self.next)?;
             if d.refers_to_indirect_table() {
-                self.to_indirect(&d)?;
+                self.enter_indirect(&d)?;
                 continue;
             }
             self.yielded = self.yielded.checked_add(d.len())?;
