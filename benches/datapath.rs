@@ -8,8 +8,8 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use arrayvec::ArrayVec;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dpaa_vnic::ports::vhost_user::queue::{
     pop_tx, pop_tx_batch, publish_used, push_rx, push_rx_unpublished, TxSlot, TX_BATCH,
 };

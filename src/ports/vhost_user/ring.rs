@@ -22,7 +22,9 @@ use std::sync::atomic::Ordering;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
 use vm_memory::bitmap::MS;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice,
+};
 
 use super::queue::RingError;
 
@@ -57,7 +59,9 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
             Area::Host(s) => s
                 .load::<u16>(off as usize, order)
                 .map_err(QueueError::VolatileMemoryError)?,
-            Area::Guest(a) => mem.load(Self::at(*a, off)?, order).map_err(QueueError::GuestMemory)?,
+            Area::Guest(a) => mem
+                .load(Self::at(*a, off)?, order)
+                .map_err(QueueError::GuestMemory)?,
         };
         Ok(u16::from_le(v))
     }
@@ -95,7 +99,8 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
                 let mut e = [0u8; 8];
                 e[..4].copy_from_slice(&id.to_le_bytes());
                 e[4..].copy_from_slice(&len.to_le_bytes());
-                mem.write_slice(&e, Self::at(*a, off)?).map_err(QueueError::GuestMemory)
+                mem.write_slice(&e, Self::at(*a, off)?)
+                    .map_err(QueueError::GuestMemory)
             }
         }
     }
