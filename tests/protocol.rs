@@ -121,17 +121,15 @@ fn post_rx_buffers(g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) {
 
 /// Sends copies of `f` to the port until the first lands: the RX path is published
 /// asynchronously, once the worker threads have reported their vrings.
+/// Hands `f` to the port as the switch would, without the flush that ends a burst.
+fn send(r: &Rig, hdr: VirtioNetHdr, f: &mut [u8]) {
+    r.port
+        .send(&r.tally, 0, &mut Packet { hdr, frame: f }, &mut Vec::new());
+}
+
 fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: VirtioNetHdr, f: &[u8]) {
     wait_until("rx path published", || {
-        r.port.send(
-            &r.tally,
-            0,
-            &mut Packet {
-                hdr,
-                frame: &mut f.to_vec(),
-            },
-            &mut Vec::new(),
-        );
+        send(r, hdr, &mut f.to_vec());
         r.port.flush();
         rxq.used().idx().load() == 1
     });
@@ -315,26 +313,10 @@ fn rx_frame_is_written_with_header_and_signalled() {
     assert_eq!(&got[HDR..], &f[..]);
     assert!(g.call[0].read().unwrap() >= 1);
     // Out of buffers after the second frame: the third is dropped and counted.
-    r.port.send(
-        &r.tally,
-        0,
-        &mut Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut f,
-        },
-        &mut Vec::new(),
-    );
+    send(&r, VirtioNetHdr::default(), &mut f);
     r.port.flush();
     let mut f3 = f.clone();
-    r.port.send(
-        &r.tally,
-        0,
-        &mut Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut f3,
-        },
-        &mut Vec::new(),
-    );
+    send(&r, VirtioNetHdr::default(), &mut f3);
     r.port.flush();
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
@@ -351,15 +333,7 @@ fn rx_used_index_is_published_per_burst_and_at_stop() {
     post_rx_buffers(&g, &rxq);
     let mut f = frame("52:54:00:d0:aa:01", 100);
     deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
-    r.port.send(
-        &r.tally,
-        0,
-        &mut Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut f,
-        },
-        &mut Vec::new(),
-    );
+    send(&r, VirtioNetHdr::default(), &mut f);
     assert_eq!(r.port.stats()[0].rx_packets, 2, "second frame not written");
     assert_eq!(
         rxq.used().idx().load(),
@@ -400,15 +374,7 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
     // The port is up (an all-hosts frame lands) before the report is tried.
     deliver_first(&r, &rxq, VirtioNetHdr::default(), &frame("01:00:5e:00:00:01", 60));
     let filtered = r.port.stats()[0].rx_filtered;
-    r.port.send(
-        &r.tally,
-        0,
-        &mut Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut report,
-        },
-        &mut Vec::new(),
-    );
+    send(&r, VirtioNetHdr::default(), &mut report);
     r.port.flush();
     let s = r.port.stats()[0];
     assert_eq!((s.rx_packets, s.rx_filtered), (1, filtered + 1));
@@ -840,15 +806,7 @@ fn tso_frame_is_segmented_for_a_guest_without_guest_tso() {
     };
     wait_until("three segments delivered", || {
         if rxq.used().idx().load() == 0 {
-            r.port.send(
-                &r.tally,
-                0,
-                &mut Packet {
-                    hdr,
-                    frame: &mut f.clone(),
-                },
-                &mut Vec::new(),
-            );
+            send(&r, hdr, &mut f.clone());
             r.port.flush();
         }
         rxq.used().idx().load() >= 3
