@@ -250,6 +250,10 @@ fn rx_buffer_outside_guest_memory_is_an_error_not_a_crash() {
         matches!(r, Err(RxError::Chain(ChainError::Memory { .. }))),
         "{r:?}"
     );
+    // The chain is not left taken: it is returned empty, and the driver told.
+    assert_eq!(q.next_avail(), 1);
+    assert_eq!(used_idx(&vq), 1);
+    assert_eq!(used(&vq, 0), (0, 0));
 }
 
 /// RX_PROMISC on, split as Linux sends it: class/cmd, then the data byte, then the ack byte.
