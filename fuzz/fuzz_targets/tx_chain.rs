@@ -108,7 +108,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(n) = t.result else { continue };
         forward(&sw, &mut worker, &mut buf[..n]);
     }
-    sw.flush();
+    sw.flush(&worker.0);
     // The same chains again, popped in batches as the workers do: each chain's walk stays
     // bounded, a batch never holds more than TX_BATCH, every chain of it lies within the
     // buffer, and its frames go through the switch as above.
@@ -130,5 +130,5 @@ fuzz_target!(|data: &[u8]| {
             forward(&sw, &mut worker, &mut arena[s.start..s.start + n]);
         }
     }
-    sw.flush();
+    sw.flush(&worker.0);
 });

@@ -30,8 +30,10 @@ pub trait Egress: Send + Sync {
 
     /// Finishes what `send` may defer to the end of a burst: a guest port checks once
     /// whether its driver wants an interrupt for every frame written since, instead of once
-    /// per frame. Every worker that forwards calls [`Switch::flush`] after a burst.
-    fn flush(&self) {}
+    /// per frame, and guest ports write out the frames they staged. `tally` is the
+    /// flushing worker's, the one its `send`s counted on. Every worker that forwards calls
+    /// [`Switch::flush`] after a burst.
+    fn flush(&self, _tally: &Tally) {}
 }
 
 /// Frames a worker forwards before it flushes the ports it wrote to, even when its burst
@@ -169,9 +171,9 @@ impl Switch {
 
     /// Completes every port's deferred work (see [`Egress::flush`]): called by each worker
     /// after a burst of [`Switch::forward`]s, at least every [`FLUSH_BATCH`] frames.
-    pub fn flush(&self) {
+    pub fn flush(&self, tally: &Tally) {
         for p in self.ports.iter().filter_map(OnceLock::get) {
-            p.flush();
+            p.flush(tally);
         }
     }
 

@@ -295,7 +295,7 @@ impl TapPort {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Nothing more to read: the burst is over.
-                    switch.flush();
+                    switch.flush(&tally);
                     unflushed = 0;
                     match epoll.wait(-1, &mut events) {
                         Ok(_) => {}
@@ -345,11 +345,11 @@ impl TapPort {
             switch.forward(&mut from, &mut pkt);
             unflushed += 1;
             if unflushed == FLUSH_BATCH {
-                switch.flush();
+                switch.flush(&tally);
                 unflushed = 0;
             }
         }
-        switch.flush();
+        switch.flush(&tally);
     }
 }
 

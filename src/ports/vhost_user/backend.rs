@@ -415,7 +415,7 @@ impl VnicBackend {
                     returned += 1;
                     walked += t.walked;
                     if returned % FLUSH_BATCH == 0 {
-                        self.0.switch.flush();
+                        self.0.switch.flush(tally);
                     }
                     let n = match t.result {
                         Ok(n) => n,
@@ -456,7 +456,7 @@ impl VnicBackend {
             }
         };
         if returned > 0 {
-            self.0.switch.flush();
+            self.0.switch.flush(tally);
             if mode == Mode::Polled {
                 // The driver need not kick a queue that is polled: VRING_USED_F_NO_NOTIFY,
                 // written again after each busy burst in case the ring was started anew.

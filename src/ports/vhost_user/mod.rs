@@ -15,6 +15,7 @@ pub mod queue;
 pub mod ring;
 mod rx;
 pub mod sigbus;
+mod stage;
 
 use std::io;
 use std::net::Shutdown;
@@ -124,12 +125,18 @@ struct RxPath {
     checked: Box<[AtomicU32]>,
 }
 
+/// The next `GuestPort::uid`.
+static NEXT_UID: AtomicU64 = AtomicU64::new(0);
+
 /// No interrupt check yet on this queue: the next one counts every entry as new.
 const UNCHECKED: u32 = u32::MAX;
 
 /// A guest-facing port. Lives as long as the daemon; connections come and go.
 pub struct GuestPort {
     pub id: usize,
+    /// Unique among every port this process ever made: what a thread's stage of frames
+    /// for it is keyed by (rx.rs), where `id` may repeat (one switch per test, say).
+    uid: u64,
     pub socket: PathBuf,
     pub queue_pairs: u16,
     pub config: NetConfig,
@@ -218,6 +225,7 @@ impl GuestPort {
         let nic_view = nic.view_cell();
         GuestPort {
             id,
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             socket,
             queue_pairs,
             config,

@@ -479,6 +479,22 @@ pub fn push_rx_unpublished<M: GuestMemory>(
     let Some(ring) = SplitRing::new(q, mem) else {
         return Err(RxError::NoBuffers);
     };
+    push_rx_ring(q, &ring, mem, hdr_len, mrg_rxbuf, hdr, frame, walked)
+}
+
+/// [`push_rx_unpublished`] into rings already found for `q`: a worker writing a burst into
+/// one queue finds them once, under the queue's lock.
+#[allow(clippy::too_many_arguments)]
+pub fn push_rx_ring<M: GuestMemory>(
+    q: &mut Queue,
+    ring: &SplitRing<'_, M>,
+    mem: &M,
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    walked: &mut usize,
+) -> Result<u16, RxError> {
     let limit = walked.saturating_add(MAX_FRAME_DESCS);
     let total = hdr_len + frame.len();
     let mut rx = RxChains::new();
@@ -520,7 +536,7 @@ pub fn push_rx_unpublished<M: GuestMemory>(
             Ok(capacity) => room += capacity,
             Err(e) => {
                 let heads = rx.chains.iter().map(|rc| rc.head).chain([head]);
-                give_back(q, &ring, pos, heads)?;
+                give_back(q, ring, pos, heads)?;
                 return Err(RxError::Chain(e));
             }
         }
@@ -531,7 +547,7 @@ pub fn push_rx_unpublished<M: GuestMemory>(
     let hdr_bytes = h.to_bytes();
     if let Err(e) = write_frame(mem, &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
         // A buffer outside guest memory: the frame is dropped, its chains returned empty.
-        give_back(q, &ring, pos, rx.chains.iter().map(|rc| rc.head))?;
+        give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))?;
         return Err(RxError::Chain(e));
     }
     let first = q.next_used();

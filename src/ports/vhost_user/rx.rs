@@ -1,8 +1,9 @@
 //! The RX side of a guest port: a frame the switch sends to this guest, through the
 //! filter and RSS, completed or segmented for the receive offloads the guest has, written
-//! into its receive ring.
+//! into its receive ring: staged by the sending thread and written per burst (stage.rs),
+//! or at once for the snoop querier.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use log::{trace, warn};
 use vhost_user_backend::VringT;
@@ -10,8 +11,8 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_GUEST_USO4, VIRTIO_NET_F_GUEST_USO6,
 };
-use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemory};
 
 use super::queue::{
     publish_used, push_rx_unpublished, wants_interrupt_after, ChainError, RingError, RxError, MAX_FRAME_DESCS,
@@ -31,17 +32,29 @@ use crate::wire::MacAddr;
 
 impl Egress for GuestPort {
     fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
-        self.deliver(tally, flow, pkt, segment);
+        self.stage(tally, flow, pkt, segment);
     }
 
-    fn flush(&self) {
+    fn flush(&self, tally: &Tally) {
+        self.drain(tally);
         self.flush_rx();
     }
 }
 
 impl GuestPort {
-    /// `Egress::send`, telling whether the frame (or every segment of it) was written into
-    /// the guest's receive ring.
+    /// An IGMP or MLD report from another port, which a snooping switch passes to routers
+    /// only (RFC 4541 2.1.1): an IGMPv2 or MLDv1 guest that heard another's report for its
+    /// group would stay silent, and its own filter would never learn the group. Counted.
+    pub(super) fn is_peer_report(&self, tally: &Tally, flow: usize, frame: &[u8]) -> bool {
+        let is = self.snooping && mcast_report::is_report(frame);
+        if is {
+            tally.at(self.id, flow).rx_filtered.inc();
+        }
+        is
+    }
+
+    /// Writes one frame into the guest's ring now (the snoop querier's path), telling
+    /// whether the frame (or every segment of it) was written.
     pub(super) fn deliver(
         &self,
         tally: &Tally,
@@ -49,11 +62,7 @@ impl GuestPort {
         pkt: &mut Packet<'_>,
         segment: &mut Vec<u8>,
     ) -> bool {
-        // A snooping switch passes membership reports to routers only (RFC 4541 2.1.1): an
-        // IGMPv2 or MLDv1 guest that heard another's report for its group would stay
-        // silent, and its own filter would never learn the group.
-        if self.snooping && mcast_report::is_report(pkt.frame) {
-            tally.at(self.id, flow).rx_filtered.inc();
+        if self.is_peer_report(tally, flow, pkt.frame) {
             return false;
         }
         let guard = self.rx.load();
@@ -61,6 +70,22 @@ impl GuestPort {
             tally.at(self.id, flow).rx_dropped.inc();
             return false;
         };
+        self.route(rx, tally, flow, pkt, segment, &mut |d, hdr, frame| {
+            self.push_frame(d, hdr, frame)
+        })
+    }
+
+    /// The filter, RSS and receive offloads for one frame to this guest, then `write` for
+    /// the frame (or each of its segments), which tells whether it was taken.
+    pub(super) fn route(
+        &self,
+        rx: &RxPath,
+        tally: &Tally,
+        flow: usize,
+        pkt: &mut Packet<'_>,
+        segment: &mut Vec<u8>,
+        write: &mut dyn FnMut(&Dest<'_>, &mut VirtioNetHdr, &mut [u8]) -> bool,
+    ) -> bool {
         // The MAC's filter decides first, as on the NIC, where it precedes the parser and
         // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
         // queue of the flow it came with.
@@ -101,7 +126,7 @@ impl GuestPort {
             let mut all = true;
             let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
                 let mut h = *h;
-                all &= self.push_frame(&dest, &mut h, seg);
+                all &= write(&dest, &mut h, seg);
             });
             match res {
                 Ok(_) => stats.rx_gso_segmented.inc(),
@@ -115,16 +140,16 @@ impl GuestPort {
             }
             return all;
         }
-        self.push_frame(&dest, &mut pkt.hdr, pkt.frame)
+        write(&dest, &mut pkt.hdr, pkt.frame)
     }
 }
 
 /// Where one frame for this guest goes: the RX path, the queue RSS chose, the receive
 /// offloads in force, the hash, and the counters (the delivering worker's).
 #[derive(Clone, Copy)]
-struct Dest<'a> {
+pub(super) struct Dest<'a> {
     rx: &'a RxPath,
-    q: usize,
+    pub(super) q: usize,
     offloads: u64,
     steered: Option<Steered>,
     stats: &'a QueueStats,
@@ -184,7 +209,7 @@ impl GuestPort {
             }
             return false;
         };
-        let delivered = match self.pushed(d, res.map(drop), completed, frame.len()) {
+        let delivered = match self.pushed(stats, q, res.map(drop), completed, frame.len()) {
             Pushed::Delivered => true,
             Pushed::Returned => false,
             Pushed::Dropped => return false,
@@ -224,7 +249,8 @@ impl GuestPort {
                 let st = vring.get_mut();
                 let queue = st.get_queue();
                 // Published even if the ring was disabled since: what was written is the
-                // driver's. A reset queue has no used ring left to write to.
+                // driver's. A reset queue has no used ring left to write to. (Frames the
+                // stage writes out are published as they are written, in `write_run`.)
                 if let Err(e) = publish_used(queue, &*mem) {
                     drop(st);
                     self.ring_broken(&rx.broken, 2 * q, &e);
@@ -233,35 +259,16 @@ impl GuestPort {
                 if !st.is_enabled() || !queue.ready() {
                     continue; // Stopped since: its next start begins afresh.
                 }
-                let mark = &rx.checked[q];
-                let last = mark.load(Ordering::Relaxed);
-                mark.store(u32::from(queue.next_used()), Ordering::Relaxed);
-                let added = if last == UNCHECKED {
-                    u16::MAX
-                } else {
-                    queue.next_used().wrapping_sub(last as u16)
-                };
-                wants_interrupt_after(queue, &*mem, added)
+                check_interrupt(queue, &*mem, &rx.checked[q])
             };
-            match wants {
-                Ok(false) => {}
-                Ok(true) => {
-                    // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
-                    if let Err(e) = vring.signal_used_queue() {
-                        if self.warn.allow() {
-                            warn!("port {}: signalling rx queue {q}: {e}", self.id);
-                        }
-                    }
-                }
-                Err(e) => self.ring_broken(&rx.broken, 2 * q, &e),
-            }
+            self.interrupt(rx, q, vring, wants);
         }
     }
 
     /// The header this guest sees for `hdr`'s frame, and whether its partial checksum was
     /// completed here: in place, clearing NEEDS_CSUM in `hdr` so later destinations of a
     /// flooded frame see it complete. `None`: dropped (bad checksum offsets), counted.
-    fn guest_header(
+    pub(super) fn guest_header(
         &self,
         d: &Dest<'_>,
         hdr: &mut VirtioNetHdr,
@@ -293,8 +300,14 @@ impl GuestPort {
     }
 
     /// Counts what one push did, and says what is left to do.
-    fn pushed(&self, d: &Dest<'_>, res: Result<(), RxError>, completed: bool, len: usize) -> Pushed {
-        let (stats, q) = (d.stats, d.q);
+    pub(super) fn pushed(
+        &self,
+        stats: &QueueStats,
+        q: usize,
+        res: Result<(), RxError>,
+        completed: bool,
+        len: usize,
+    ) -> Pushed {
         match res {
             Ok(()) => {
                 stats.rx_packets.inc();
@@ -336,8 +349,50 @@ impl GuestPort {
     }
 }
 
+impl GuestPort {
+    /// Acts on an interrupt check of RX queue `q`: signals the driver, or marks the ring
+    /// broken if the check could not read it.
+    pub(super) fn interrupt(&self, rx: &RxPath, q: usize, vring: &Vring, wants: Result<bool, RingError>) {
+        match wants {
+            Ok(false) => {}
+            Ok(true) => {
+                // Non-blocking (memcheck.rs): a full counter loses only this interrupt.
+                if let Err(e) = vring.signal_used_queue() {
+                    if self.warn.allow() {
+                        warn!("port {}: signalling rx queue {q}: {e}", self.id);
+                    }
+                }
+            }
+            Err(e) => self.ring_broken(&rx.broken, 2 * q, &e),
+        }
+    }
+}
+
+/// Publishes the used index, then [`check_interrupt`].
+pub(super) fn publish_and_check<M: GuestMemory>(
+    queue: &Queue,
+    mem: &M,
+    mark: &AtomicU32,
+) -> Result<bool, RingError> {
+    publish_used(queue, mem)?;
+    check_interrupt(queue, mem, mark)
+}
+
+/// Whether the driver wants an interrupt for the entries published since the last check,
+/// whose used index `mark` holds (written under the queue's lock).
+fn check_interrupt<M: GuestMemory>(queue: &Queue, mem: &M, mark: &AtomicU32) -> Result<bool, RingError> {
+    let last = mark.load(Ordering::Relaxed);
+    mark.store(u32::from(queue.next_used()), Ordering::Relaxed);
+    let added = if last == UNCHECKED {
+        u16::MAX
+    } else {
+        queue.next_used().wrapping_sub(last as u16)
+    };
+    wants_interrupt_after(queue, mem, added)
+}
+
 /// What a push into the receive ring left to do.
-enum Pushed {
+pub(super) enum Pushed {
     /// Written: the guest may want an interrupt.
     Delivered,
     /// Chains were returned empty (refused): the guest may want an interrupt for them.
