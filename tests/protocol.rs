@@ -119,6 +119,15 @@ fn post_rx_buffers(g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) {
     g.kick[0].write(1).unwrap();
 }
 
+/// Posts two RX buffers and writes a first 100-byte frame into one (the RX path is then up);
+/// returns that frame.
+fn rx_started(r: &Rig, g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) -> Vec<u8> {
+    post_rx_buffers(g, rxq);
+    let f = frame("52:54:00:d0:aa:01", 100);
+    deliver_first(r, rxq, VirtioNetHdr::default(), &f);
+    f
+}
+
 /// Hands `f` to the port as the switch would, without the flush that ends a burst.
 fn send(r: &Rig, hdr: VirtioNetHdr, f: &mut [u8]) {
     r.port
@@ -304,9 +313,7 @@ fn rx_frame_is_written_with_header_and_signalled() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    post_rx_buffers(&g, &rxq);
-    let mut f = frame("52:54:00:d0:aa:01", 100);
-    deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
+    let mut f = rx_started(&r, &g, &rxq);
     let mut got = vec![0u8; HDR + 100];
     g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();
     assert_eq!(VirtioNetHdr::parse(&got, HDR).unwrap().num_buffers, 1);
@@ -331,9 +338,7 @@ fn rx_frames_are_written_at_the_flush() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    post_rx_buffers(&g, &rxq);
-    let mut f = frame("52:54:00:d0:aa:01", 100);
-    deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
+    let mut f = rx_started(&r, &g, &rxq);
     send(&r, VirtioNetHdr::default(), &mut f);
     assert_eq!(r.port.stats()[0].rx_packets, 1, "written before the flush");
     assert_eq!(rxq.used().idx().load(), 1);
@@ -356,9 +361,7 @@ fn a_full_stage_is_written_without_the_flush() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    post_rx_buffers(&g, &rxq);
-    let mut f = frame("52:54:00:d0:aa:01", 100);
-    deliver_first(&r, &rxq, VirtioNetHdr::default(), &f);
+    let mut f = rx_started(&r, &g, &rxq);
     let before = r.port.stats()[0];
     for _ in 0..64 {
         send(&r, VirtioNetHdr::default(), &mut f);
@@ -377,9 +380,7 @@ fn a_long_frame_is_written_after_the_staged_ones() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    post_rx_buffers(&g, &rxq);
-    let mut short = frame("52:54:00:d0:aa:01", 100);
-    deliver_first(&r, &rxq, VirtioNetHdr::default(), &short);
+    let mut short = rx_started(&r, &g, &rxq);
     rxq.add_desc_chains(&[d(0x12_0000, 2048, F_WRITE, 0)], 2).unwrap();
     send(&r, VirtioNetHdr::default(), &mut short);
     let mut long = frame("52:54:00:d0:aa:01", 1000);
