@@ -373,6 +373,25 @@ fn a_full_stage_is_written_without_the_flush() {
     assert_eq!(rxq.used().idx().load(), 2);
 }
 
+/// Frames staged for a connection that ended before the flush are dropped and counted,
+/// never written into rings the next connection may serve.
+#[test]
+fn frames_staged_for_a_connection_that_ended_are_dropped() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    let mut f = rx_started(&r, &g, &rxq);
+    send(&r, VirtioNetHdr::default(), &mut f);
+    drop(rxq);
+    drop(g);
+    wait_until("the port sees the frontend gone", || !r.port.connected());
+    let before = r.port.stats()[0];
+    r.port.flush(&r.tally);
+    let s = r.port.stats()[0];
+    assert_eq!(s.rx_packets, before.rx_packets);
+    assert_eq!(s.rx_dropped, before.rx_dropped + 1);
+}
+
 /// A frame too long to stage is written at once, after the frames already staged for its
 /// port: the order the switch sent them in is kept.
 #[test]

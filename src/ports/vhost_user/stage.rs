@@ -160,6 +160,18 @@ impl GuestPort {
     /// for the same queue at a time, in the order they were staged.
     fn write_out(&self, ps: &mut PortStage, tally: &Tally) {
         if let Some(rx) = ps.rx.take() {
+            // The connection the frames were staged for must still be the port's: after a
+            // disconnect its rings may be served again by the next one, from the same guest
+            // memory. One snapshot per port and flush.
+            let current = self.rx.load();
+            if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &rx)) {
+                for f in &ps.frames {
+                    tally.at(self.id, f.q).rx_dropped.inc();
+                }
+                ps.frames.clear();
+                ps.bytes.clear();
+                return;
+            }
             let mem = rx.mem.memory();
             let mut i = 0;
             while i < ps.frames.len() {
