@@ -725,7 +725,10 @@ fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
     }
     let after = r.port.ctrl_stats.snapshot();
     assert_eq!(after.ctrl_commands - before.ctrl_commands, 200);
-    assert_eq!(after.ctrl_wakeups - before.ctrl_wakeups, 1);
+    // One wake-up for the 200, or none: when the thread's own resume after the enable has
+    // not yet gone to sleep as the first command lands (seen under a loaded CI run), it
+    // serves that command without a kick. Never one per budget.
+    assert!(after.ctrl_wakeups - before.ctrl_wakeups <= 1);
 }
 
 /// A guest with the control queue and rx mode negotiated, once the port has seen that this
