@@ -12,12 +12,10 @@ use arrayvec::ArrayVec;
 use thiserror::Error;
 use virtio_queue::QueueOwnedT;
 use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryError, Permissions,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Permissions};
 
 use super::evict::EvictList;
-use super::ring::SplitRing;
+use super::ring::{host_slice, SplitRing};
 use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
@@ -240,11 +238,7 @@ fn copy_chain<M: GuestMemory>(
 /// frame (docs/benchmarks.md, "PVP loop"); it stays the path for a range that crosses
 /// regions or lies outside them, and so gives the error for a bad one.
 fn read_guest<M: GuestMemory>(mem: &M, dst: &mut [u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
-    // `physical_memory`: guest memory with no IOMMU in between, as vhost-user's is.
-    if let Some(s) = mem
-        .physical_memory()
-        .and_then(|p| p.get_slice(at, dst.len()).ok())
-    {
+    if let Some(s) = host_slice(mem, at, dst.len()) {
         s.copy_to(dst);
         return Ok(());
     }
@@ -253,10 +247,7 @@ fn read_guest<M: GuestMemory>(mem: &M, dst: &mut [u8], at: GuestAddress) -> Resu
 
 /// Writes `src` into guest memory at `at`, as [`read_guest`] reads.
 fn write_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
-    if let Some(s) = mem
-        .physical_memory()
-        .and_then(|p| p.get_slice(at, src.len()).ok())
-    {
+    if let Some(s) = host_slice(mem, at, src.len()) {
         s.copy_from(src);
         return Ok(());
     }

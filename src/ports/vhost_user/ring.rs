@@ -31,6 +31,16 @@ use super::queue::RingError;
 /// VRING_DESC_F_INDIRECT's tables are made of 16-byte descriptors (virtio 1.2, 2.7.5.3).
 const DESC_SIZE: u64 = 16;
 
+/// `len` bytes of guest memory at `addr` as one host slice, when they lie in one region
+/// (`physical_memory`: vhost-user's memory has no IOMMU in between). One region look-up.
+pub(super) fn host_slice<M: GuestMemory + ?Sized>(
+    mem: &M,
+    addr: GuestAddress,
+    len: usize,
+) -> Option<VolatileSlice<'_, MS<'_, M::PhysicalMemory>>> {
+    mem.physical_memory()?.get_slice(addr, len).ok()
+}
+
 /// One area of the ring: a slice of host memory when it lies in one region, else its guest
 /// address, accessed through `GuestMemory` as virtio-queue does.
 enum Area<'m, M: GuestMemory + ?Sized + 'm> {
@@ -42,7 +52,7 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
     fn new(mem: &'m M, addr: GuestAddress, len: u64) -> Self {
         let host = usize::try_from(len)
             .ok()
-            .and_then(|len| mem.physical_memory()?.get_slice(addr, len).ok());
+            .and_then(|len| host_slice(mem, addr, len));
         match host {
             Some(s) => Area::Host(s),
             None => Area::Guest(addr),
