@@ -2,6 +2,7 @@
 //! (loops, indexes past the table, nested and odd-sized indirect tables, buffers outside
 //! memory, an avail index too far ahead), read both ways, must give the same chains, and
 //! returning them both ways must leave the same used ring and the same interrupt decision.
+//! A prefetch of any of it first changes none of that.
 
 use dpaa_vnic::ports::vhost_user::queue::wants_interrupt_after;
 use dpaa_vnic::ports::vhost_user::ring::SplitRing;
@@ -124,6 +125,10 @@ proptest! {
             .map(|it| it.map(|c| (c.head_index(), seen(c))).collect());
 
         let ring = SplitRing::new(&q2, &m2).expect("started");
+        // A prefetch of anything on this ring, good or bad, from any position, must neither
+        // fail nor change what is read after it.
+        ring.prefetch(q2.next_avail(), usize::from(l.avail_idx));
+        ring.prefetch(l.used_event, usize::MAX);
         let ours: Result<Vec<(u16, Seen)>, _> = ring.avail_idx(q2.next_avail()).map(|end| {
             let mut pos = q2.next_avail();
             let mut v = Vec::new();
@@ -191,6 +196,7 @@ fn a_ring_across_two_regions_is_read_through_guest_memory() {
     m.write_obj(u16::to_le(SIZE), GuestAddress(0x2002)).unwrap();
     let q = queue(0xf80, 0x2000, 0x3000);
     let ring = SplitRing::new(&q, &m).unwrap();
+    ring.prefetch(0, usize::from(SIZE));
     let end = ring.avail_idx(0).unwrap();
     assert_eq!(end, SIZE);
     for pos in 0..SIZE {

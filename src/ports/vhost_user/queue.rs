@@ -180,6 +180,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
     };
     let first = q.next_avail();
     let avail = ring.avail_idx(first)?;
+    ring.prefetch(first, usize::from(avail.wrapping_sub(first)).min(max));
     let (mut pos, mut start, mut walked) = (first, 0usize, 0usize);
     while out.len() < max.min(TX_BATCH) && walked < walk_left && buf.len() - start >= frame_max {
         if pos == avail {
