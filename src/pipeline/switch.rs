@@ -180,7 +180,15 @@ impl Switch {
     /// Sends one frame where it goes. Guest ports defer their interrupts: the caller calls
     /// [`Switch::flush`] after its burst.
     pub fn forward(&self, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
-        let rules = self.rules.load();
+        self.forward_by(&self.rules.load(), from, pkt)
+    }
+
+    /// [`Switch::forward`] by the rules `rules`, a snapshot the caller took for its batch
+    /// ([`LiveRules::load`]). Each snapshot is a sequentially consistent store and load
+    /// (arc-swap 1.7's debt slots): a full barrier that waits for every store before it,
+    /// here the guest's ring lines, so a worker takes one per batch, not one per frame. A
+    /// batch forwarded by the rules of its start is as if it had come a batch earlier.
+    pub fn forward_by(&self, rules: &Rules, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
         let src = from.port;
         let ingress = rules.actions_for(src, Dir::Ingress);
         if !ingress.is_empty() && !apply(ingress, pkt, from.stats()) {
@@ -202,7 +210,7 @@ impl Switch {
             segment,
         } = &mut *from.bufs;
         let mut out = Out {
-            rules: &rules,
+            rules,
             tally: from.tally,
             flow: from.queue,
             copy: egress_copy,

@@ -411,6 +411,8 @@ impl VnicBackend {
                 if batch.is_empty() {
                     break;
                 }
+                // One snapshot of the switch's rules per batch (`Switch::forward_by`).
+                let rules = self.0.switch.rules().load();
                 for TxSlot { start, chain: t } in batch.drain(..) {
                     returned += 1;
                     walked += t.walked;
@@ -441,7 +443,7 @@ impl VnicBackend {
                             routes: &mut *routes,
                             bufs: &mut *bufs,
                         };
-                        self.0.switch.forward(&mut from, &mut pkt);
+                        self.0.switch.forward_by(&rules, &mut from, &mut pkt);
                     });
                     if contained.is_none() {
                         stats.tx_errors.inc();
