@@ -1,6 +1,6 @@
 //! The pipeline per packet, without vrings: one frame through the switch to a port that
-//! counts it, with checksum actions off and on; and the router's route cache, a hit
-//! against a full lookup (miss) over tables of growing size.
+//! counts it, with checksum actions off and on; the router's route cache, a hit against a
+//! full lookup (miss) over tables of growing size; and one parse of a frame's headers.
 //!
 //! cargo bench --bench pipeline
 
@@ -179,15 +179,60 @@ fn bench_routed(c: &mut Criterion) {
     let c = checksum(&template[14..34]);
     template[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
     let tally = sw.tallies().register();
-    g.bench_function("router, routed (cache hit)", |b| {
-        forward_from_port0(b, &sw, &tally, &template)
-    });
-    g.finish();
+    // One frame first, to check it is routed (asserted here, not after the benchmark,
+    // which a filter on the command line may skip).
+    let (mut routes, mut bufs) = (RouteCache::default(), Buffers::default());
+    let mut from = Ingress {
+        port: 0,
+        queue: 0,
+        tally: &tally,
+        routes: &mut routes,
+        bufs: &mut bufs,
+    };
+    let mut first = template.clone();
+    sw.forward(
+        &mut from,
+        &mut Packet {
+            hdr: VirtioNetHdr::default(),
+            frame: &mut first,
+        },
+    );
     assert!(
         sinks[1].0.load(Ordering::Relaxed) > 0,
         "the frame was routed to port 1"
     );
+    g.bench_function("router, routed (cache hit)", |b| {
+        forward_from_port0(b, &sw, &tally, &template)
+    });
+    g.finish();
 }
 
-criterion_group!(benches, bench_forward, bench_routed, bench_route_cache);
+/// What one parse of a frame's headers costs next to what the pipeline does with them
+/// (issue 17, "parse once"): the IPv4 view a checksum action's match or the router builds,
+/// and a checksum action's whole update (its own parse, then the sums).
+fn bench_parse(c: &mut Criterion) {
+    use dpaa_vnic::pipeline::csum_action::{update, Targets};
+    use dpaa_vnic::wire::ip;
+    let mut g = c.benchmark_group("parse/64B");
+    g.throughput(Throughput::Elements(1));
+    let template = udp_frame(64);
+    g.bench_function("ip::addresses (one parse of the IPv4 header)", |b| {
+        b.iter(|| black_box(ip::addresses(black_box(&template))))
+    });
+    let targets: Targets = "iph+udp".parse().unwrap();
+    let hdr = VirtioNetHdr::default();
+    let mut frame = template.clone();
+    g.bench_function("csum_action::update iph+udp (parse and sums)", |b| {
+        b.iter(|| black_box(update(black_box(&mut frame), targets, &hdr)))
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_forward,
+    bench_routed,
+    bench_route_cache,
+    bench_parse
+);
 criterion_main!(benches);
