@@ -471,16 +471,14 @@ pub fn push_rx_unpublished<M: GuestMemory>(
     let Some(ring) = SplitRing::new(q, mem) else {
         return Err(RxError::NoBuffers);
     };
-    push_rx_ring(q, &ring, mem, hdr_len, mrg_rxbuf, hdr, frame, walked)
+    push_rx_ring(q, &ring, hdr_len, mrg_rxbuf, hdr, frame, walked)
 }
 
 /// [`push_rx_unpublished`] into rings already found for `q`: a worker writing a burst into
 /// one queue finds them once, under the queue's lock.
-#[allow(clippy::too_many_arguments)]
 pub fn push_rx_ring<M: GuestMemory>(
     q: &mut Queue,
     ring: &SplitRing<'_, M>,
-    mem: &M,
     hdr_len: usize,
     mrg_rxbuf: bool,
     hdr: &VirtioNetHdr,
@@ -537,7 +535,7 @@ pub fn push_rx_ring<M: GuestMemory>(
     let mut h = *hdr;
     h.num_buffers = used as u16;
     let hdr_bytes = h.to_bytes();
-    if let Err(e) = write_frame(mem, &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
+    if let Err(e) = write_frame(ring.mem(), &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
         // A buffer outside guest memory: the frame is dropped, its chains returned empty.
         give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))?;
         return Err(RxError::Chain(e));

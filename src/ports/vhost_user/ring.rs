@@ -147,6 +147,11 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         self.size
     }
 
+    /// The guest memory the rings (and their chains' buffers) lie in.
+    pub fn mem(&self) -> &'m M {
+        self.mem
+    }
+
     /// The driver's avail index. One more than a ring ahead of `next_avail` is refused, as
     /// virtio-queue refuses it (`InvalidAvailRingIndex`): the driver never makes a chain
     /// available twice, and believing it would make the device serve chains forever.

@@ -210,16 +210,7 @@ impl GuestPort {
         let res = self.contain("received frames", || {
             for (k, f) in frames.iter().enumerate() {
                 let frame = &bytes[f.start..f.start + f.len];
-                let r = push_rx_ring(
-                    state.get_queue_mut(),
-                    &ring,
-                    mem,
-                    hdr_len,
-                    mrg,
-                    &f.hdr,
-                    frame,
-                    &mut 0,
-                );
+                let r = push_rx_ring(state.get_queue_mut(), &ring, hdr_len, mrg, &f.hdr, frame, &mut 0);
                 if let Pushed::Broken(e) = self.pushed(stats, q, r.map(drop), f.completed, f.len) {
                     dropped(frames.len() - k - 1);
                     return Err(e);
