@@ -184,8 +184,8 @@ impl Switch {
     }
 
     /// [`Switch::forward`] by the rules `rules`, a snapshot the caller took for its batch
-    /// ([`LiveRules::load`]). Each snapshot is a sequentially consistent store and load
-    /// (arc-swap 1.7's debt slots): a full barrier that waits for every store before it,
+    /// ([`LiveRules::load`]). Each snapshot swaps its pointer into a debt slot with SeqCst
+    /// (arc-swap 1.9, `debt/fast.rs`): a full barrier that waits for every store before it,
     /// here the guest's ring lines, so a worker takes one per batch, not one per frame. A
     /// batch forwarded by the rules of its start is as if it had come a batch earlier.
     pub fn forward_by(&self, rules: &Rules, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
