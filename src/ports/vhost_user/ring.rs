@@ -235,7 +235,7 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
     /// buffers. Served one after the other, each chain waits for its descriptor and then
     /// its buffer to come over from the driver's CPU; asked for together, those misses
     /// overlap, as DPDK's vhost library prefetches its descriptors and buffers
-    /// (docs/benchmarks.md, "Prefetching a batch"). A hint and nothing more: what it reads
+    /// (docs/benchmarks.md, "Prefetching a TX batch"). A hint and nothing more: what it reads
     /// is bounded like any access, decides nothing, and is read again by the walk that
     /// serves the chains. Rings outside one memory region and indirect tables are skipped.
     pub fn prefetch(&self, from: u16, count: usize) {
