@@ -325,6 +325,11 @@ impl SteeringCell {
         self.0.load()
     }
 
+    /// The steering as published now, kept: a worker holds one for a burst.
+    pub fn load_full(&self) -> Arc<Steering> {
+        self.0.load_full()
+    }
+
     pub fn publish(&self, s: Steering) {
         self.0.store(Arc::new(s));
     }

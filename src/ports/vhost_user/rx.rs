@@ -19,7 +19,7 @@ use super::queue::{
 };
 use super::{error_chain, GuestPort, RxPath, Vring, UNCHECKED};
 use crate::device::filter::Verdict;
-use crate::device::rss::Steered;
+use crate::device::rss::{Steered, Steering};
 use crate::pipeline::gso;
 use crate::pipeline::{Egress, Packet};
 use crate::stats::{QueueStats, Tally};
@@ -70,7 +70,12 @@ impl GuestPort {
             tally.at(self.id, flow).rx_dropped.inc();
             return false;
         };
-        self.route(rx, tally, flow, pkt, segment, &mut |d, hdr, frame| {
+        let steering = self.steering.load();
+        let path = RxSnapshot {
+            rx,
+            steering: &steering,
+        };
+        self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
             self.push_frame(d, hdr, frame)
         })
     }
@@ -79,13 +84,14 @@ impl GuestPort {
     /// the frame (or each of its segments), which tells whether it was taken.
     pub(super) fn route(
         &self,
-        rx: &RxPath,
+        path: RxSnapshot<'_>,
         tally: &Tally,
         flow: usize,
         pkt: &mut Packet<'_>,
         segment: &mut Vec<u8>,
         write: &mut dyn FnMut(&Dest<'_>, &mut VirtioNetHdr, &mut [u8]) -> bool,
     ) -> bool {
+        let RxSnapshot { rx, steering } = path;
         // The MAC's filter decides first, as on the NIC, where it precedes the parser and
         // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
         // queue of the flow it came with.
@@ -98,7 +104,7 @@ impl GuestPort {
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
         // there is one queue and nobody wants the hash reported.
         let hash_report = rx.feat.hash_report();
-        let steered = (rx.vrings.len() > 1 || hash_report).then(|| self.steering.load().steer(pkt.frame));
+        let steered = (rx.vrings.len() > 1 || hash_report).then(|| steering.steer(pkt.frame));
         let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
         // Queue 0 is the fallback anyway: its ring's state is checked once, when written.
         if q != 0 && !queue_usable(&rx.vrings[q]) {
@@ -142,6 +148,15 @@ impl GuestPort {
         }
         write(&dest, &mut pkt.hdr, pkt.frame)
     }
+}
+
+/// What a frame for this guest is routed by: the connection's RX path and the port's RSS
+/// steering, each a snapshot its caller took (the stage takes them once per burst: an
+/// `ArcSwap` load is a full barrier, arc-swap 1.9).
+#[derive(Clone, Copy)]
+pub(super) struct RxSnapshot<'a> {
+    pub(super) rx: &'a RxPath,
+    pub(super) steering: &'a Steering,
 }
 
 /// Where one frame for this guest goes: the RX path, the queue RSS chose, the receive

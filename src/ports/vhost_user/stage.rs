@@ -11,8 +11,9 @@ use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use super::queue::{publish_used, push_rx_ring};
 use super::ring::SplitRing;
-use super::rx::{publish_and_check, Pushed};
+use super::rx::{publish_and_check, Pushed, RxSnapshot};
 use super::{error_chain, GuestPort, RxPath};
+use crate::device::rss::Steering;
 use crate::pipeline::switch::FLUSH_BATCH;
 use crate::pipeline::Packet;
 use crate::stats::Tally;
@@ -39,6 +40,8 @@ struct PortStage {
     port: u64,
     /// The port's RX path as the burst's first frame found it; `None` once written out.
     rx: Option<Arc<RxPath>>,
+    /// The port's RSS steering as the burst's first frame found it.
+    steering: Option<Arc<Steering>>,
     bytes: Vec<u8>,
     frames: Vec<Staged>,
 }
@@ -113,15 +116,21 @@ impl GuestPort {
             let ps = stage.port(self.uid);
             if ps.rx.is_none() {
                 ps.rx = self.rx.load_full();
+                ps.steering = Some(self.steering.load_full());
             }
             let PortStage {
-                rx, bytes, frames, ..
+                rx,
+                steering,
+                bytes,
+                frames,
+                ..
             } = &mut *ps;
-            let Some(rx) = rx.as_deref() else {
+            let (Some(rx), Some(steering)) = (rx.as_deref(), steering.as_deref()) else {
                 tally.at(self.id, flow).rx_dropped.inc();
                 return;
             };
-            self.route(rx, tally, flow, pkt, segment, &mut |d, hdr, frame| {
+            let path = RxSnapshot { rx, steering };
+            self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
                 let start = bytes.len();
                 bytes.extend_from_slice(frame);
                 // Completed on the copy: the caller's frame and header stay as they were.
@@ -159,6 +168,7 @@ impl GuestPort {
     /// Writes a port's staged frames into their RX queues, one run of consecutive frames
     /// for the same queue at a time, in the order they were staged.
     fn write_out(&self, ps: &mut PortStage, tally: &Tally) {
+        ps.steering = None;
         if let Some(rx) = ps.rx.take() {
             // The connection the frames were staged for must still be the port's: after a
             // disconnect its rings may be served again by the next one, from the same guest
