@@ -237,20 +237,19 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
     /// overlap, as DPDK's vhost library prefetches its descriptors and buffers
     /// (docs/benchmarks.md, "Prefetching a TX batch"). A hint and nothing more: what it reads
     /// is bounded like any access, decides nothing, and is read again by the walk that
-    /// serves the chains. Rings outside one memory region and indirect tables are skipped.
+    /// serves the chains. A descriptor table outside one memory region and indirect tables
+    /// are skipped.
     pub fn prefetch(&self, from: u16, count: usize) {
-        let (Area::Host(desc), Area::Host(avail)) = (&self.desc, &self.avail) else {
+        let Area::Host(desc) = &self.desc else {
             return;
         };
         let table = desc.ptr_guard();
         let mut heads = [0u16; PREFETCH_CHAINS];
         let mut n = 0;
         for i in 0..count.min(PREFETCH_CHAINS).min(usize::from(self.size)) {
-            let pos = from.wrapping_add(i as u16) % self.size;
-            let Ok(h) = avail.load::<u16>(4 + 2 * usize::from(pos), Ordering::Relaxed) else {
+            let Ok(h) = self.head(from.wrapping_add(i as u16)) else {
                 break;
             };
-            let h = u16::from_le(h);
             if h < self.size {
                 prefetch_line(table.as_ptr().wrapping_add(usize::from(h) * DESC_SIZE as usize));
                 heads[n] = h;
@@ -258,10 +257,9 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
             }
         }
         for &h in &heads[..n] {
-            let Ok(d) = desc.get_ref::<Descriptor>(usize::from(h) * DESC_SIZE as usize) else {
+            let Ok(d) = self.desc.read_desc(self.mem, u64::from(h) * DESC_SIZE) else {
                 continue;
             };
-            let d = d.load();
             if d.refers_to_indirect_table() {
                 continue;
             }
