@@ -38,10 +38,9 @@ struct Stage {
 struct PortStage {
     /// `GuestPort::uid` of the port the frames go to.
     port: u64,
-    /// The port's RX path as the burst's first frame found it; `None` once written out.
-    rx: Option<Arc<RxPath>>,
-    /// The port's RSS steering as the burst's first frame found it.
-    steering: Option<Arc<Steering>>,
+    /// The port's RX path and RSS steering as the burst's first frame found them; `None`
+    /// once written out (or with no connection).
+    snap: Option<(Arc<RxPath>, Arc<Steering>)>,
     bytes: Vec<u8>,
     frames: Vec<Staged>,
 }
@@ -75,7 +74,7 @@ impl Stage {
     fn port(&mut self, uid: u64) -> &mut PortStage {
         let i = match self.ports.iter().position(|p| p.port == uid) {
             Some(i) => i,
-            None => match self.ports.iter().position(|p| p.rx.is_none()) {
+            None => match self.ports.iter().position(|p| p.snap.is_none()) {
                 Some(i) => {
                     self.ports[i].port = uid;
                     i
@@ -114,18 +113,13 @@ impl GuestPort {
                 return;
             };
             let ps = stage.port(self.uid);
-            if ps.rx.is_none() {
-                ps.rx = self.rx.load_full();
-                ps.steering = Some(self.steering.load_full());
+            if ps.snap.is_none() {
+                ps.snap = self.rx.load_full().map(|rx| (rx, self.steering.load_full()));
             }
             let PortStage {
-                rx,
-                steering,
-                bytes,
-                frames,
-                ..
+                snap, bytes, frames, ..
             } = &mut *ps;
-            let (Some(rx), Some(steering)) = (rx.as_deref(), steering.as_deref()) else {
+            let Some((rx, steering)) = snap.as_ref() else {
                 tally.at(self.id, flow).rx_dropped.inc();
                 return;
             };
@@ -168,8 +162,7 @@ impl GuestPort {
     /// Writes a port's staged frames into their RX queues, one run of consecutive frames
     /// for the same queue at a time, in the order they were staged.
     fn write_out(&self, ps: &mut PortStage, tally: &Tally) {
-        ps.steering = None;
-        if let Some(rx) = ps.rx.take() {
+        if let Some((rx, _)) = ps.snap.take() {
             // The connection the frames were staged for must still be the port's: after a
             // disconnect its rings may be served again by the next one, from the same guest
             // memory. One snapshot per port and flush.
