@@ -25,6 +25,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use dpaa_vnic::pipeline::csum_action::{self, ActionVerdict, CsumAction, Dir};
 use dpaa_vnic::pipeline::router::RouteCache;
 use dpaa_vnic::pipeline::rules::{LiveRules, Rules};
+use dpaa_vnic::pipeline::Packet;
 use dpaa_vnic::stats::Tallies;
 use dpaa_vnic::wire::checksum::checksum;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
@@ -89,8 +90,8 @@ fn bench_csum_action(c: &mut Criterion) {
                         |_| template.clone(),
                         |frame| {
                             let actions = locked.lock().unwrap_or_else(|p| p.into_inner());
-                            let mut hdr = VirtioNetHdr::default();
-                            if csum_action::run(&actions, &mut hdr, frame).0 == ActionVerdict::Updated {
+                            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+                            if csum_action::run(&actions, &mut pkt).0 == ActionVerdict::Updated {
                                 updated.fetch_add(1, Ordering::Relaxed);
                             }
                             packets.fetch_add(1, Ordering::Relaxed);
@@ -114,10 +115,10 @@ fn bench_csum_action(c: &mut Criterion) {
                         |_| (template.clone(), tallies.register()),
                         |(frame, tally)| {
                             let rules = live.load();
-                            let mut hdr = VirtioNetHdr::default();
+                            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
                             let stats = tally.at(0, 0);
                             let actions = rules.actions_for(0, Dir::Ingress);
-                            if csum_action::run(actions, &mut hdr, frame).0 == ActionVerdict::Updated {
+                            if csum_action::run(actions, &mut pkt).0 == ActionVerdict::Updated {
                                 stats.csum_updated.inc();
                             }
                             stats.tx_packets.inc();

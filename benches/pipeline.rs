@@ -72,10 +72,7 @@ fn forward_from_port0(b: &mut criterion::Bencher<'_>, sw: &Switch, tally: &Tally
     let mut frame = template.to_vec();
     b.iter(|| {
         frame.copy_from_slice(template);
-        let mut p = Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut frame,
-        };
+        let mut p = Packet::new(VirtioNetHdr::default(), &mut frame);
         black_box(sw.forward(&mut from, &mut p))
     })
 }
@@ -110,13 +107,7 @@ fn bench_forward(c: &mut Criterion) {
                 routes: &mut routes,
                 bufs: &mut bufs,
             };
-            sw.forward(
-                &mut from1,
-                &mut Packet {
-                    hdr: VirtioNetHdr::default(),
-                    frame: &mut hello,
-                },
-            );
+            sw.forward(&mut from1, &mut Packet::new(VirtioNetHdr::default(), &mut hello));
             let frame = udp_frame(size);
             g.bench_function(name, |b| forward_from_port0(b, &sw, &tally, &frame));
         }
@@ -190,13 +181,7 @@ fn bench_routed(c: &mut Criterion) {
         bufs: &mut bufs,
     };
     let mut first = template.clone();
-    sw.forward(
-        &mut from,
-        &mut Packet {
-            hdr: VirtioNetHdr::default(),
-            frame: &mut first,
-        },
-    );
+    sw.forward(&mut from, &mut Packet::new(VirtioNetHdr::default(), &mut first));
     assert!(
         sinks[1].0.load(Ordering::Relaxed) > 0,
         "the frame was routed to port 1"
@@ -208,16 +193,21 @@ fn bench_routed(c: &mut Criterion) {
 }
 
 /// What one parse of a frame's headers costs next to what the pipeline does with them
-/// (issue 17, "parse once"): the IPv4 view a checksum action's match or the router builds,
-/// and a checksum action's whole update (its own parse, then the sums).
+/// (issue 17, "parse once"): one parse alone, a checksum action's whole update (its parse,
+/// then the sums), and three stages that look into one frame (RSS over two queues, then
+/// two egress actions, the second matching on the protocol) sharing the packet's layout,
+/// against each stage parsing for itself as they did before the layout. IPv4 and an IPv6
+/// frame with a hop-by-hop header, whose extension-header walk each parse repeats.
 fn bench_parse(c: &mut Criterion) {
-    use dpaa_vnic::pipeline::csum_action::{update, Targets};
+    use dpaa_vnic::device::rss::Steering;
+    use dpaa_vnic::pipeline::csum_action::{self, update, CsumAction, Targets};
     use dpaa_vnic::wire::ip;
+    use dpaa_vnic::wire::layout::Layout;
     let mut g = c.benchmark_group("parse/64B");
     g.throughput(Throughput::Elements(1));
     let template = udp_frame(64);
-    g.bench_function("ip::addresses (one parse of the IPv4 header)", |b| {
-        b.iter(|| black_box(ip::addresses(black_box(&template))))
+    g.bench_function("Layout::parse (one parse of the IPv4 header)", |b| {
+        b.iter(|| black_box(Layout::parse(black_box(&template))))
     });
     let targets: Targets = "iph+udp".parse().unwrap();
     let hdr = VirtioNetHdr::default();
@@ -225,7 +215,52 @@ fn bench_parse(c: &mut Criterion) {
     g.bench_function("csum_action::update iph+udp (parse and sums)", |b| {
         b.iter(|| black_box(update(black_box(&mut frame), targets, &hdr)))
     });
+    let steering = Steering::automatic(2);
+    let actions: Vec<CsumAction> = [
+        "port=1,dir=egress,update=iph+udp",
+        "port=1,dir=egress,update=udp,proto=udp",
+    ]
+    .iter()
+    .map(|a| a.parse().unwrap())
+    .collect();
+    for (family, template) in [("IPv4", template.clone()), ("IPv6+HBH", udp6_hbh_frame())] {
+        let mut frame = template.clone();
+        g.bench_function(format!("{family}: rss + 2 actions, one layout"), |b| {
+            b.iter(|| {
+                let mut pkt = Packet::new(hdr, black_box(&mut frame));
+                let l = pkt.layout();
+                black_box(steering.steer_by(&l, pkt.frame));
+                black_box(csum_action::run(&actions, &mut pkt))
+            })
+        });
+        let mut frame = template.clone();
+        g.bench_function(format!("{family}: rss + 2 actions, a parse each"), |b| {
+            b.iter(|| {
+                let f = black_box(&mut frame);
+                black_box(steering.steer(f));
+                for a in &actions {
+                    // The match's own parse, as `CsumAction::matches` did.
+                    if a.proto.is_some() {
+                        black_box(ip::addresses(f));
+                    }
+                    black_box(update(f, a.update, &hdr)).ok();
+                }
+            })
+        });
+    }
     g.finish();
+}
+
+/// A 86-byte IPv6/UDP frame whose fixed header is followed by an 8-byte hop-by-hop header.
+fn udp6_hbh_frame() -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x86, 0xdd];
+    f.extend_from_slice(&[0x60, 0, 0, 0, 0, 32, 0, 64]);
+    f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
+    f.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+    f.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 24, 0x12, 0x34]);
+    f.resize(86, 0x5a);
+    f
 }
 
 criterion_group!(

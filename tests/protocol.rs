@@ -131,7 +131,7 @@ fn rx_started(r: &Rig, g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) -> 
 /// Hands `f` to the port as the switch would, without the flush that ends a burst.
 fn send(r: &Rig, hdr: VirtioNetHdr, f: &mut [u8]) {
     r.port
-        .send(&r.tally, 0, &mut Packet { hdr, frame: f }, &mut Vec::new());
+        .send(&r.tally, 0, &mut Packet::new(hdr, f), &mut Vec::new());
 }
 
 /// Sends copies of `f` to the port until the first lands: the RX path is published

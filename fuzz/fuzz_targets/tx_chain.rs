@@ -78,10 +78,7 @@ fn forward(sw: &Switch, (tally, routes, bufs): &mut Worker, chain: &mut [u8]) {
     let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
         return;
     };
-    let mut pkt = Packet {
-        hdr,
-        frame: &mut chain[12..],
-    };
+    let mut pkt = Packet::new(hdr, &mut chain[12..]);
     let mut from = Ingress {
         port: 0,
         queue: 0,

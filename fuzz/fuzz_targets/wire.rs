@@ -4,7 +4,8 @@
 #![no_main]
 
 use dpaa_vnic::wire::arp::ArpPacket;
-use dpaa_vnic::wire::ip::{self, Ipv4Packet, Ipv6Packet};
+use dpaa_vnic::wire::ip::{self, Ipv4Packet, Ipv6Packet, Ipv6Upper};
+use dpaa_vnic::wire::layout::{Layout, Network};
 use dpaa_vnic::wire::{mcast_report, ndp, EthernetFrame};
 use libfuzzer_sys::fuzz_target;
 
@@ -29,6 +30,24 @@ fuzz_target!(|data: &[u8]| {
         let _ = ndp::parse_neighbour(hop_limit, icmp);
     }
     let _ = ip::addresses(data);
+    // The layout the pipeline keeps: where it puts the network header and IPv6's upper
+    // layer lies inside the frame, and it agrees with the views' own answers.
+    let l = Layout::parse(data);
+    assert_eq!(l.l3(), ip::network_offset(data));
+    if let Some(ip) = l.ip(data) {
+        match l.network {
+            Network::V4 => assert!(Ipv4Packet::new_checked(ip).is_ok()),
+            Network::V6 => {
+                assert_eq!(l.upper(), Ipv6Packet::new_checked(ip).ok().and_then(|p| p.upper().ok()));
+                if let Some(Ipv6Upper::Found { offset, .. }) = l.upper() {
+                    assert!(offset <= ip.len());
+                }
+            }
+            Network::BadV4 => assert!(Ipv4Packet::new_checked(ip).is_err()),
+            Network::BadV6 => assert!(Ipv6Packet::new_checked(ip).is_err()),
+            Network::Other => {}
+        }
+    }
     if mcast_report::maybe_report(data) {
         let _ = mcast_report::is_report(data);
     }

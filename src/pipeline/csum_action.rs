@@ -11,12 +11,13 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use thiserror::Error;
 
+use super::Packet;
 use crate::wire::checksum::write_checksum;
-use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::ip::{
-    self, network_offset, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PROTO_UDPLITE,
+    self, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP, PROTO_SCTP, PROTO_TCP,
+    PROTO_UDP, PROTO_UDPLITE,
 };
+use crate::wire::layout::{Layout, Network};
 use crate::wire::virtio_net_hdr::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN, GSO_TCPV4, GSO_TCPV6};
 use crate::wire::VirtioNetHdr;
 
@@ -222,11 +223,11 @@ impl fmt::Display for CsumAction {
 
 impl CsumAction {
     /// Whether the frame passes the action's protocol and destination match.
-    pub fn matches(&self, frame: &[u8]) -> bool {
+    pub fn matches(&self, pkt: &mut Packet<'_>) -> bool {
         if self.proto.is_none() && self.dst.is_none() {
             return true;
         }
-        let Some((proto, _, dst)) = ip::addresses(frame) else {
+        let Some((proto, _, dst)) = pkt.layout().addresses(pkt.frame) else {
             return false;
         };
         self.proto.is_none_or(|p| p == proto) && self.dst.is_none_or(|net| net.contains(&dst))
@@ -313,14 +314,26 @@ fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo: u64) -> bool {
 /// Recomputes the `targets` checksums of one Ethernet frame in place, honouring GSO (a
 /// segmentation-offload packet's TCP/SCTP checksum is the segmenter's business).
 pub fn update(frame: &mut [u8], targets: Targets, hdr: &VirtioNetHdr) -> Result<Done, CsumFail> {
-    let Some((ty, at)) = network_offset(frame) else {
+    update_by(&Layout::parse(frame), frame, targets, hdr)
+}
+
+/// [`update`] of a frame whose layers `layout` found.
+pub fn update_by(
+    layout: &Layout,
+    frame: &mut [u8],
+    targets: Targets,
+    hdr: &VirtioNetHdr,
+) -> Result<Done, CsumFail> {
+    let Some(ip) = layout.ip_mut(frame) else {
         return Ok(Done::default());
     };
-    let ip = &mut frame[at..];
-    match ty {
-        ETHERTYPE_IPV4 => update_v4(ip, targets, hdr.gso_type & !GSO_ECN),
-        ETHERTYPE_IPV6 => update_v6(ip, targets, hdr.gso_type & !GSO_ECN),
-        _ => Ok(Done::default()),
+    let gso = hdr.gso_type & !GSO_ECN;
+    match layout.network {
+        // A bad header: the view's constructor, first thing in each, says why.
+        Network::V4 | Network::BadV4 => update_v4(ip, targets, gso),
+        Network::V6 => update_v6(ip, layout.upper(), targets, gso),
+        Network::BadV6 => update_v6(ip, None, targets, gso),
+        Network::Other => Ok(Done::default()),
     }
 }
 
@@ -384,13 +397,15 @@ fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
     Ok(done)
 }
 
-fn update_v6(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail> {
+/// `upper`: what the layout found after the extension headers of the IPv6 header `ip`
+/// (`None`: they run past the packet).
+fn update_v6(ip: &mut [u8], upper: Option<Ipv6Upper>, targets: Targets, gso: u8) -> Result<Done, CsumFail> {
     let p = Ipv6Packet::new_checked(&*ip)?;
     let Ipv6Upper::Found {
         proto,
         offset: hl,
         packet_len: ipl,
-    } = p.upper()?
+    } = upper.ok_or(ip::IpError::BadExtension)?
     else {
         return Ok(Done::default());
     };
@@ -447,20 +462,20 @@ pub enum ActionVerdict {
 /// Runs `actions` (already those of one port and direction) in order on a frame. A frame
 /// whose upper-layer checksum an action computed is marked DATA_VALID (and a virtio partial
 /// checksum loses NEEDS_CSUM): a GUEST_CSUM receiver need not verify what was just computed.
-pub fn run(
-    actions: &[CsumAction],
-    hdr: &mut VirtioNetHdr,
-    frame: &mut [u8],
-) -> (ActionVerdict, Option<CsumFail>) {
+///
+/// The frame is parsed once, by the first action that looks into it; the rest reuse its
+/// layout (the sums they write move no layer).
+pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Option<CsumFail>) {
     let mut verdict = ActionVerdict::Untouched;
     for a in actions {
-        if !a.matches(frame) {
+        if !a.matches(pkt) {
             continue;
         }
-        match update(frame, a.update, hdr) {
+        let layout = pkt.layout();
+        match update_by(&layout, pkt.frame, a.update, &pkt.hdr) {
             Ok(d) => {
                 if d.l4_complete {
-                    hdr.flags = (hdr.flags & !F_NEEDS_CSUM) | F_DATA_VALID;
+                    pkt.hdr.flags = (pkt.hdr.flags & !F_NEEDS_CSUM) | F_DATA_VALID;
                 }
                 if d.wrote {
                     verdict = ActionVerdict::Updated;
@@ -476,6 +491,7 @@ pub fn run(
 mod tests {
     use super::*;
     use crate::wire::checksum::checksum;
+    use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
     use proptest::prelude::*;
 
     const SRC: [u8; 4] = [10, 0, 0, 1];
@@ -519,7 +535,7 @@ mod tests {
     }
 
     fn run_one(spec: &str, f: &mut [u8]) -> (ActionVerdict, Option<CsumFail>) {
-        run(&[act(spec)], &mut VirtioNetHdr::default(), f)
+        run(&[act(spec)], &mut Packet::new(VirtioNetHdr::default(), f))
     }
 
     #[test]
@@ -693,25 +709,30 @@ mod tests {
             assert_eq!(v == ActionVerdict::Updated, hit, "{spec}");
         }
         // A virtio partial checksum that the action computes in full is no longer partial.
-        let mut hdr = VirtioNetHdr {
+        let hdr = VirtioNetHdr {
             flags: F_NEEDS_CSUM,
             csum_start: 34,
             csum_offset: 6,
             ..Default::default()
         };
         let mut f = f0.clone();
-        run(&[act("port=0,dir=egress,update=udp")], &mut hdr, &mut f);
-        assert_eq!(hdr.flags, F_DATA_VALID);
+        let mut pkt = Packet::new(hdr, &mut f);
+        run(&[act("port=0,dir=egress,update=udp")], &mut pkt);
+        assert_eq!(pkt.hdr.flags, F_DATA_VALID);
         // A TSO packet's TCP checksum belongs to the segmenter.
         let mut tcp = vec![0u8; 20];
         tcp[12] = 0x50;
         let mut f = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_TCP, 0, &tcp));
-        let mut hdr = VirtioNetHdr {
+        let hdr = VirtioNetHdr {
             gso_type: GSO_TCPV4,
             ..Default::default()
         };
         assert_eq!(
-            run(&[act("port=0,dir=egress,update=tcp")], &mut hdr, &mut f).0,
+            run(
+                &[act("port=0,dir=egress,update=tcp")],
+                &mut Packet::new(hdr, &mut f)
+            )
+            .0,
             ActionVerdict::Untouched
         );
     }
@@ -787,8 +808,11 @@ mod tests {
                 f[12..14].copy_from_slice(&if v6 { ETHERTYPE_IPV6 } else { ETHERTYPE_IPV4 }.to_be_bytes());
                 f[14] = (f[14] & 0x0f) | if v6 { 0x60 } else { 0x40 };
             }
+            // Two actions, the second matching on the layout the first one parsed: debug
+            // builds check in `Packet::layout` that the sums written moved no layer.
             let all = act("port=0,dir=egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp");
-            run(&[all], &mut VirtioNetHdr::default(), &mut f);
+            let again = act("port=0,dir=egress,update=iph+udp,proto=udp");
+            run(&[all, again], &mut Packet::new(VirtioNetHdr::default(), &mut f));
         }
     }
 }

@@ -12,6 +12,7 @@ use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};
+use crate::wire::layout::Layout;
 use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
 
 /// A frame in flight with its virtio-net header. The frame is mutable so an egress that must
@@ -19,6 +20,48 @@ use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
 pub struct Packet<'a> {
     pub hdr: VirtioNetHdr,
     pub frame: &'a mut [u8],
+    /// The frame's layers, parsed by the first stage that needs them and kept for the rest
+    /// of the path (issue 17, "parse once"): a frame no stage looks into is never parsed.
+    layout: Option<Layout>,
+}
+
+impl<'a> Packet<'a> {
+    pub fn new(hdr: VirtioNetHdr, frame: &'a mut [u8]) -> Self {
+        Packet {
+            hdr,
+            frame,
+            layout: None,
+        }
+    }
+
+    /// The frame's layout, parsed at the first call. What the pipeline rewrites in place
+    /// (MACs, TTL, addresses, checksums) never moves a layer (wire/layout.rs); debug builds
+    /// check that against a fresh parse on every call.
+    #[inline]
+    pub fn layout(&mut self) -> Layout {
+        debug_assert!(
+            self.layout.is_none_or(|l| l == Layout::parse(self.frame)),
+            "a rewrite moved a layer of the frame"
+        );
+        if let Some(l) = self.layout {
+            return l;
+        }
+        let l = Layout::parse(self.frame);
+        self.layout = Some(l);
+        l
+    }
+
+    /// This packet with its frame copied into `buf`: the same header, and the layout
+    /// already found.
+    pub fn copy_into<'b>(&self, buf: &'b mut Vec<u8>) -> Packet<'b> {
+        buf.clear();
+        buf.extend_from_slice(self.frame);
+        Packet {
+            hdr: self.hdr,
+            frame: buf,
+            layout: self.layout,
+        }
+    }
 }
 
 /// Something a port can be sent to.
@@ -89,7 +132,7 @@ pub struct Switch {
 
 /// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
 fn apply(actions: &[csum_action::CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -> bool {
-    match csum_action::run(actions, &mut pkt.hdr, pkt.frame) {
+    match csum_action::run(actions, pkt) {
         (ActionVerdict::Untouched, _) => true,
         (ActionVerdict::Updated, _) => {
             stats.csum_updated.inc();
@@ -282,10 +325,7 @@ impl Switch {
     /// Sends a frame the switch originated (router replies) to one port.
     fn send_to(&self, out: &mut Out<'_>, port: usize, frame: &mut [u8]) {
         if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
-            let mut pkt = Packet {
-                hdr: VirtioNetHdr::default(),
-                frame,
-            };
+            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
             self.deliver(out, port, &**p, &mut pkt, false);
         }
     }
@@ -307,12 +347,7 @@ impl Switch {
             }
             return;
         }
-        out.copy.clear();
-        out.copy.extend_from_slice(pkt.frame);
-        let mut copy = Packet {
-            hdr: pkt.hdr,
-            frame: out.copy,
-        };
+        let mut copy = pkt.copy_into(out.copy);
         if apply(actions, &mut copy, stats) {
             p.send(tally, flow, &mut copy, out.segment);
         }
@@ -379,13 +414,8 @@ mod tests {
                 routes: &mut self.routes,
                 bufs: &mut self.bufs,
             };
-            self.sw.forward(
-                &mut from,
-                &mut Packet {
-                    hdr: VirtioNetHdr::default(),
-                    frame: &mut f,
-                },
-            )
+            self.sw
+                .forward(&mut from, &mut Packet::new(VirtioNetHdr::default(), &mut f))
         }
     }
 

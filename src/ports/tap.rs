@@ -331,10 +331,7 @@ impl TapPort {
             }
             stats.rx_bytes.add((n - HDR_LEN) as u64);
             trace!("tap {}: {} bytes from host on queue {q}", self.name, n - HDR_LEN);
-            let mut pkt = Packet {
-                hdr,
-                frame: &mut buf[HDR_LEN..n],
-            };
+            let mut pkt = Packet::new(hdr, &mut buf[HDR_LEN..n]);
             let mut from = Ingress {
                 port: self.id,
                 queue: q,
@@ -360,7 +357,7 @@ impl Egress for TapPort {
         if !self.csum && pkt.hdr.gso_type != GSO_NONE {
             // No offloads on this tap: the host gets MSS-sized segments.
             let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
-                let mut p = Packet { hdr: *h, frame: seg };
+                let mut p = Packet::new(*h, seg);
                 self.write(stats, q, &mut p);
             });
             match res {

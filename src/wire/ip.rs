@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use thiserror::Error;
 
 use super::checksum;
-use super::ethernet::{self, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+use super::ethernet;
 
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
 pub const ETHERTYPE_QINQ: u16 = 0x88a8;
@@ -319,30 +319,16 @@ fn jumbo_len(ext: &[u8]) -> Result<Option<usize>, IpError> {
     Ok(None)
 }
 
-/// Source and destination of an IP packet behind an Ethernet header, for matching.
+/// Protocol, source and destination of an IP packet behind an Ethernet header, for
+/// matching: one [`Layout`](super::layout::Layout) parse, for callers that have none.
 pub fn addresses(frame: &[u8]) -> Option<(u8, IpAddr, IpAddr)> {
-    let (ty, at) = network_offset(frame)?;
-    let ip = frame.get(at..)?;
-    match ty {
-        ETHERTYPE_IPV4 => {
-            let p = Ipv4Packet::new_checked(ip).ok()?;
-            Some((p.protocol(), p.src().into(), p.dst().into()))
-        }
-        ETHERTYPE_IPV6 => {
-            let p = Ipv6Packet::new_checked(ip).ok()?;
-            let proto = match p.upper() {
-                Ok(Ipv6Upper::Found { proto, .. }) => proto,
-                _ => p.next_header(),
-            };
-            Some((proto, p.src().into(), p.dst().into()))
-        }
-        _ => None,
-    }
+    super::layout::Layout::parse(frame).addresses(frame)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
     fn eth(ty: u16) -> Vec<u8> {
         let mut f = vec![0u8; 12];

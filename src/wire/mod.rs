@@ -10,6 +10,7 @@ pub mod checksum;
 pub mod ethernet;
 pub mod icmp;
 pub mod ip;
+pub mod layout;
 pub mod mcast_report;
 pub mod ndp;
 pub mod virtio_net_hdr;

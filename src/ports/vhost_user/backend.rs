@@ -432,10 +432,7 @@ impl VnicBackend {
                     };
                     let contained = port.contain("a transmitted frame", || {
                         port.snoop_frame(&chain[hdr_len..]);
-                        let mut pkt = Packet {
-                            hdr,
-                            frame: &mut chain[hdr_len..],
-                        };
+                        let mut pkt = Packet::new(hdr, &mut chain[hdr_len..]);
                         let mut from = Ingress {
                             port: port.id,
                             queue: pair,

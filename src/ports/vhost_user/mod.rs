@@ -530,10 +530,7 @@ impl GuestPort {
             self.deliver(
                 &self.query_tally,
                 0,
-                &mut Packet {
-                    hdr: Default::default(),
-                    frame: &mut frame,
-                },
+                &mut Packet::new(Default::default(), &mut frame),
                 &mut Vec::new(),
             )
         };

@@ -104,7 +104,8 @@ impl GuestPort {
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped when
         // there is one queue and nobody wants the hash reported.
         let hash_report = rx.feat.hash_report();
-        let steered = (rx.vrings.len() > 1 || hash_report).then(|| steering.steer(pkt.frame));
+        let steered =
+            (rx.vrings.len() > 1 || hash_report).then(|| steering.steer_by(&pkt.layout(), pkt.frame));
         let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
         // Queue 0 is the fallback anyway: its ring's state is checked once, when written.
         if q != 0 && !queue_usable(&rx.vrings[q]) {
