@@ -3,6 +3,7 @@
 //! into its receive ring: staged by the sending thread and written per burst (stage.rs),
 //! or at once for the snoop querier.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use log::{trace, warn};
@@ -71,9 +72,11 @@ impl GuestPort {
             return false;
         };
         let steering = self.steering.load();
+        let ready = QueueReady::default();
         let path = RxSnapshot {
             rx,
             steering: &steering,
+            ready: &ready,
         };
         self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
             self.push_frame(d, hdr, frame)
@@ -91,7 +94,7 @@ impl GuestPort {
         segment: &mut Vec<u8>,
         write: &mut dyn FnMut(&Dest<'_>, &mut VirtioNetHdr, &mut [u8]) -> bool,
     ) -> bool {
-        let RxSnapshot { rx, steering } = path;
+        let RxSnapshot { rx, steering, ready } = path;
         // The MAC's filter decides first, as on the NIC, where it precedes the parser and
         // KeyGen: a rejected frame costs no hash and no queue lookup, and is counted on the
         // queue of the flow it came with.
@@ -108,7 +111,7 @@ impl GuestPort {
             (rx.vrings.len() > 1 || hash_report).then(|| steering.steer_by(&pkt.layout(), pkt.frame));
         let mut q = steered.map_or(0, |s| s.queue % rx.vrings.len());
         // Queue 0 is the fallback anyway: its ring's state is checked once, when written.
-        if q != 0 && !queue_usable(&rx.vrings[q]) {
+        if q != 0 && !ready.is_ready(q, || queue_usable(&rx.vrings[q])) {
             q = 0;
         }
         let stats = tally.at(self.id, q);
@@ -153,11 +156,41 @@ impl GuestPort {
 
 /// What a frame for this guest is routed by: the connection's RX path and the port's RSS
 /// steering, each a snapshot its caller took (the stage takes them once per burst: an
-/// `ArcSwap` load is a full barrier, arc-swap 1.9).
+/// `ArcSwap` load is a full barrier, arc-swap 1.9), and which of its RX queues were found
+/// started during that burst.
 #[derive(Clone, Copy)]
 pub(super) struct RxSnapshot<'a> {
     pub(super) rx: &'a RxPath,
     pub(super) steering: &'a Steering,
+    pub(super) ready: &'a QueueReady,
+}
+
+/// Which RX queues RSS may pick, each looked at once per burst: a look takes the ring's
+/// lock, two locked read-modify-writes, each a full barrier that waits for the worker's
+/// stores into the frontend's lines (its TX used entries). A queue the frontend stops
+/// during the burst is found stopped when its frames are written, and they are counted
+/// dropped there, as they were when it stopped between a frame's look and its write.
+#[derive(Default)]
+pub(super) struct QueueReady {
+    looked: Cell<u64>,
+    ready: Cell<u64>,
+}
+
+impl QueueReady {
+    /// Whether RX queue `q` is started, as `look` found it at the burst's first question.
+    fn is_ready(&self, q: usize, look: impl FnOnce() -> bool) -> bool {
+        // Past 64 queues, looked at each time.
+        let Some(bit) = u32::try_from(q).ok().and_then(|q| 1u64.checked_shl(q)) else {
+            return look();
+        };
+        if self.looked.get() & bit == 0 {
+            self.looked.set(self.looked.get() | bit);
+            if look() {
+                self.ready.set(self.ready.get() | bit);
+            }
+        }
+        self.ready.get() & bit != 0
+    }
 }
 
 /// Where one frame for this guest goes: the RX path, the queue RSS chose, the receive
@@ -423,4 +456,37 @@ pub(super) enum Pushed {
 pub(super) fn queue_usable(v: &Vring) -> bool {
     let s = v.get_ref();
     s.is_enabled() && s.get_queue().ready()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueReady;
+    use std::cell::Cell;
+
+    #[test]
+    fn each_queue_is_looked_at_once_per_burst() {
+        let looks = Cell::new(0);
+        let look = |answer: bool| {
+            let looks = &looks;
+            move || {
+                looks.set(looks.get() + 1);
+                answer
+            }
+        };
+        let ready = QueueReady::default();
+        assert!(ready.is_ready(1, look(true)));
+        assert!(!ready.is_ready(3, look(false)));
+        // The burst keeps its first answers, whatever a look would say now.
+        assert!(ready.is_ready(1, look(false)));
+        assert!(!ready.is_ready(3, look(true)));
+        assert_eq!(looks.get(), 2);
+        // Queues past 64 have no bit: looked at every time.
+        assert!(ready.is_ready(64, look(true)));
+        assert!(!ready.is_ready(64, look(false)));
+        assert_eq!(looks.get(), 4);
+        // The next burst looks again.
+        let ready = QueueReady::default();
+        assert!(!ready.is_ready(1, look(false)));
+        assert_eq!(looks.get(), 5);
+    }
 }

@@ -11,7 +11,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use super::queue::{publish_used, push_rx_ring};
 use super::ring::SplitRing;
-use super::rx::{publish_and_check, Pushed, RxSnapshot};
+use super::rx::{publish_and_check, Pushed, QueueReady, RxSnapshot};
 use super::{error_chain, GuestPort, RxPath};
 use crate::device::rss::Steering;
 use crate::pipeline::switch::FLUSH_BATCH;
@@ -41,6 +41,8 @@ struct PortStage {
     /// The port's RX path and RSS steering as the burst's first frame found them; `None`
     /// once written out (or with no connection).
     snap: Option<(Arc<RxPath>, Arc<Steering>)>,
+    /// Its RX queues found started during the burst, looked at once each.
+    ready: QueueReady,
     bytes: Vec<u8>,
     frames: Vec<Staged>,
 }
@@ -115,15 +117,20 @@ impl GuestPort {
             let ps = stage.port(self.uid);
             if ps.snap.is_none() {
                 ps.snap = self.rx.load_full().map(|rx| (rx, self.steering.load_full()));
+                ps.ready = QueueReady::default();
             }
             let PortStage {
-                snap, bytes, frames, ..
+                snap,
+                ready,
+                bytes,
+                frames,
+                ..
             } = &mut *ps;
             let Some((rx, steering)) = snap.as_ref() else {
                 tally.at(self.id, flow).rx_dropped.inc();
                 return;
             };
-            let path = RxSnapshot { rx, steering };
+            let path = RxSnapshot { rx, steering, ready };
             self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
                 let start = bytes.len();
                 bytes.extend_from_slice(frame);
