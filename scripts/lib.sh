@@ -6,6 +6,8 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE_DIR=${VNIC_CACHE:-$REPO_ROOT/.cache}
 # The trixie rootfs that carries QEMU >= 10.2 (needed for the device attachment).
 QEMU_ROOT=$CACHE_DIR/qemu-root
+# A bookworm rootfs with systemd as PID 1, packed as an initramfs (scripts/provision).
+SYSTEMD_CPIO=$CACHE_DIR/systemd-root.cpio
 # Guest kernels: bookworm (Debian 12's 6.1, without the igmp mc_hash change) and trixie-bpo
 # (trixie-backports' 7.x, with it). VNIC_KERNEL picks the one a guest boots.
 GUEST_KERNELS=(bookworm trixie-bpo)
