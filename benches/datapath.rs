@@ -11,7 +11,7 @@ use std::hint::black_box;
 use arrayvec::ArrayVec;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dpaa_vnic::ports::vhost_user::queue::{
-    pop_tx, pop_tx_batch, publish_used, push_rx, push_rx_unpublished, TxSlot, TX_BATCH,
+    pop_tx, pop_tx_batch, publish_used, push_rx, push_rx_unpublished, RxBurst, TxSlot, TX_BATCH,
 };
 use dpaa_vnic::wire::checksum;
 use dpaa_vnic::wire::VirtioNetHdr;
@@ -106,11 +106,14 @@ fn bench_queues(c: &mut Criterion) {
             b.iter_batched(
                 || fresh_queue(&m, &rx),
                 |mut q| {
+                    // A burst per 32 frames, as the daemon's stage writes a run.
+                    let mut burst = RxBurst::new(HDR, true);
                     for i in 0..BATCH {
-                        let n = push_rx_unpublished(&mut q, &m, HDR, true, &hdr, &frame, &mut 0);
+                        let n = push_rx_unpublished(&mut q, &m, &mut burst, &hdr, &frame);
                         black_box(n.expect("rx push"));
                         if i % 32 == 31 {
                             publish_used(&q, &m).unwrap();
+                            burst = RxBurst::new(HDR, true);
                         }
                     }
                     publish_used(&q, &m).unwrap();

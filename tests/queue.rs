@@ -3,8 +3,8 @@
 //! lie), checking the used ring after each event.
 
 use dpaa_vnic::ports::vhost_user::queue::{
-    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_walked, ChainError, CtrlChain, RxError,
-    TxSlot, MAX_FRAME_DESCS, TX_BATCH,
+    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_burst, ChainError, CtrlChain, RxBurst,
+    RxError, TxSlot, MAX_FRAME_DESCS, TX_BATCH,
 };
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -238,6 +238,102 @@ fn rx_chain_with_a_driver_readable_buffer_is_returned_empty() {
     assert_eq!(used(&vq, 1), (1, 72));
 }
 
+/// A burst reads the driver's avail index once, and again only when its frames have taken
+/// every chain that index made available.
+#[test]
+fn rx_burst_reads_the_avail_index_again_only_when_its_chains_are_used_up() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let descs: Vec<(u16, RawDescriptor)> = (0..4u16)
+        .map(|i| (i, d(0x2_0000 + u64::from(i) * 0x1000, 2048, F_WRITE, 0)))
+        .collect();
+    publish(&vq, &descs, &[0, 1]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let hdr = VirtioNetHdr::default();
+    let mut burst = RxBurst::new(HDR, true);
+    assert_eq!(
+        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
+        1
+    );
+    // An index a whole ring ahead, which a read refuses: the burst does not read it while
+    // the chain it knows of is left...
+    vq.avail().idx().store(u16::to_le(40));
+    assert_eq!(
+        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
+        1
+    );
+    // ...and a fresh burst (the next one) does.
+    let r = push_rx_burst(&mut q, &m, &mut RxBurst::new(HDR, true), &hdr, &frame(60));
+    assert!(matches!(r, Err(RxError::Ring(_))), "{r:?}");
+    // Chains used up: the burst reads the index again, and takes what the driver posted.
+    vq.avail().ring().ref_at(2).unwrap().store(u16::to_le(2));
+    vq.avail().ring().ref_at(3).unwrap().store(u16::to_le(3));
+    vq.avail().idx().store(u16::to_le(4));
+    assert_eq!(
+        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
+        1
+    );
+    assert_eq!(
+        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
+        1
+    );
+    assert!(matches!(
+        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)),
+        Err(RxError::NoBuffers)
+    ));
+    assert_eq!(used_idx(&vq), 4);
+    assert_eq!((used(&vq, 2), used(&vq, 3)), ((2, 72), (3, 72)));
+}
+
+/// The header is written only where the buffer does not hold it already; a buffer holding
+/// anything else gets it whole, also when it is split over two descriptors.
+#[test]
+fn rx_header_overwrites_what_the_buffer_held_before() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(
+        &[
+            d(0x2_0000, 2048, F_WRITE, 0),
+            d(0x3_0000, 5, F_WRITE | F_NEXT, 2),
+            d(0x4_0000, 2048, F_WRITE, 0),
+            d(0x5_0000, 2048, F_WRITE, 0),
+        ],
+        0,
+    )
+    .unwrap();
+    m.write_slice(&[0xffu8; 64], GuestAddress(0x2_0000)).unwrap();
+    m.write_slice(&[0xffu8; 5], GuestAddress(0x3_0000)).unwrap();
+    m.write_slice(&[0xffu8; 64], GuestAddress(0x4_0000)).unwrap();
+    let hdr = VirtioNetHdr {
+        flags: 2,
+        ..Default::default()
+    };
+    let expect = VirtioNetHdr {
+        num_buffers: 1,
+        ..hdr
+    }
+    .to_bytes();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut out = [0u8; HDR + 60];
+    for (addr, split) in [(0x2_0000u64, None), (0x3_0000, Some(0x4_0000u64))] {
+        assert_eq!(push_rx(&mut q, &m, HDR, true, &hdr, &frame(60)).unwrap(), 1);
+        match split {
+            None => m.read_slice(&mut out, GuestAddress(addr)).unwrap(),
+            Some(rest) => {
+                m.read_slice(&mut out[..5], GuestAddress(addr)).unwrap();
+                m.read_slice(&mut out[5..], GuestAddress(rest)).unwrap();
+            }
+        }
+        assert_eq!(&out[..HDR], &expect[..HDR], "header at {addr:#x}");
+        assert_eq!(&out[HDR..], &frame(60)[..]);
+    }
+    // A buffer that holds this very header already: the same bytes after.
+    m.write_slice(&expect[..HDR], GuestAddress(0x5_0000)).unwrap();
+    assert_eq!(push_rx(&mut q, &m, HDR, true, &hdr, &frame(60)).unwrap(), 1);
+    m.read_slice(&mut out, GuestAddress(0x5_0000)).unwrap();
+    assert_eq!((&out[..HDR], &out[HDR..]), (&expect[..HDR], &frame(60)[..]));
+}
+
 #[test]
 fn rx_buffer_outside_guest_memory_is_an_error_not_a_crash() {
     let m = mem();
@@ -462,12 +558,13 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
     let hdr = VirtioNetHdr::default();
     let mut total = 0usize;
     for i in 0..HEADS {
-        let mut walked = 0;
-        let r = push_rx_walked(&mut q, &m, HDR, true, &hdr, &f, &mut walked);
+        let mut burst = RxBurst::new(HDR, true);
+        let r = push_rx_burst(&mut q, &m, &mut burst, &hdr, &f);
         assert!(
             matches!(r, Err(RxError::Chain(ChainError::TooManyDescriptors))),
             "frame {i}: {r:?}"
         );
+        let walked = burst.walked();
         assert_eq!(walked, MAX_FRAME_DESCS + 1, "frame {i}");
         // The chain is consumed, returned empty.
         assert_eq!(used_idx(&vq), i + 1);
@@ -475,10 +572,10 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
         total += walked;
     }
     // Every bad chain is gone: the next frame costs nothing.
-    let mut walked = 0;
-    let r = push_rx_walked(&mut q, &m, HDR, true, &hdr, &f, &mut walked);
+    let mut burst = RxBurst::new(HDR, true);
+    let r = push_rx_burst(&mut q, &m, &mut burst, &hdr, &f);
     assert!(matches!(r, Err(RxError::NoBuffers)));
-    assert_eq!(walked, 0);
+    assert_eq!(burst.walked(), 0);
 
     // A benign frame of the largest size, into 1.5 KiB mergeable buffers: the walk a good
     // guest makes the sender pay.
@@ -489,9 +586,10 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
         .collect();
     vb.add_desc_chains(&bufs, 0).unwrap();
     let mut qb: Queue = vb.create_queue().unwrap();
-    let mut benign = 0;
+    let mut burst = RxBurst::new(HDR, true);
     let big = frame(65_535 + 14);
-    let n = push_rx_walked(&mut qb, &mb, HDR, true, &hdr, &big, &mut benign).unwrap();
+    let n = push_rx_burst(&mut qb, &mb, &mut burst, &hdr, &big).unwrap();
+    let benign = burst.walked();
     assert_eq!(usize::from(n), benign);
     let per_frame = (MAX_FRAME_DESCS + 1) as f64 / benign as f64;
     eprintln!(

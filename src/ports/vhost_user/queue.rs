@@ -16,7 +16,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Per
 
 use super::evict::EvictList;
 use super::ring::{host_slice, SplitRing};
-use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr};
+use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr, HDR_LEN_HASH};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
 /// smaller buffers than this allows loses the frame (counted as dropped).
@@ -255,6 +255,28 @@ fn write_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<
     mem.write_slice(src, at)
 }
 
+/// Writes `src` into guest memory at `at` unless the bytes there are `src` already. For the
+/// virtio-net header of a received frame: a buffer the driver posts again usually still
+/// holds the header of its last frame, the same one (no offloads, one buffer), and a line
+/// only read stays shared with the driver's CPU where a store would take it over and make
+/// the driver fetch it back. DPDK's vhost library writes the header's fields the same way
+/// (`ASSIGN_UNLESS_EQUAL`, lib/vhost/virtio_net.c). Header-sized ranges only; a longer
+/// one, or one across regions, is written as [`write_guest`] writes.
+fn update_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
+    const MAX: usize = HDR_LEN_HASH;
+    if src.len() <= MAX {
+        if let Some(s) = host_slice(mem, at, src.len()) {
+            let mut now = [0u8; MAX];
+            s.copy_to(&mut now[..src.len()]);
+            if now[..src.len()] != *src {
+                s.copy_from(src);
+            }
+            return Ok(());
+        }
+    }
+    write_guest(mem, src, at)
+}
+
 /// Counts one more descriptor walked; past `limit` (the frame's start plus
 /// [`MAX_FRAME_DESCS`]) the frame is refused.
 #[inline]
@@ -397,6 +419,7 @@ fn write_at<M: GuestMemory>(
     descs: &[(GuestAddress, u32)],
     mut off: usize,
     mut src: &[u8],
+    put: fn(&M, &[u8], GuestAddress) -> Result<(), GuestMemoryError>,
 ) -> Result<(), ChainError> {
     for &(addr, len) in descs {
         let len = len as usize;
@@ -409,7 +432,7 @@ fn write_at<M: GuestMemory>(
         }
         let take = (len - off).min(src.len());
         let at = addr.checked_add(off as u64).ok_or(ChainError::Broken)?;
-        write_guest(mem, &src[..take], at).map_err(|source| ChainError::Memory {
+        put(mem, &src[..take], at).map_err(|source| ChainError::Memory {
             addr: at.0,
             len: take as u32,
             source,
@@ -418,6 +441,43 @@ fn write_at<M: GuestMemory>(
         off = 0;
     }
     Ok(())
+}
+
+/// One burst of frames into one RX queue, written under one hold of its lock: the
+/// header the queue's features ask for, the descriptors walked so far, and the driver's
+/// avail index as last read.
+///
+/// The avail index is read again only when the frames have used every chain it made
+/// available, as DPDK's vhost library reads it once per burst (`virtio_dev_rx_split`):
+/// the driver keeps storing it while it refills, so each read moves the line from the
+/// driver's CPU (docs/benchmarks.md, "PVP loop"). A stale index is a smaller one, never
+/// past the ring (checked when it was read), so it costs at most a look again. Use a
+/// burst for one queue only, and drop it with the lock: after a reset the index means
+/// nothing.
+#[derive(Debug, Clone)]
+pub struct RxBurst {
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    walked: usize,
+    avail: Option<u16>,
+}
+
+impl RxBurst {
+    /// A burst into a queue whose header is `hdr_len` bytes, with VIRTIO_NET_F_MRG_RXBUF
+    /// or without.
+    pub fn new(hdr_len: usize, mrg_rxbuf: bool) -> Self {
+        RxBurst {
+            hdr_len,
+            mrg_rxbuf,
+            walked: 0,
+            avail: None,
+        }
+    }
+
+    /// Descriptors walked so far, at most [`MAX_FRAME_DESCS`] + 1 per frame.
+    pub fn walked(&self) -> usize {
+        self.walked
+    }
 }
 
 /// Delivers one frame into the guest's RX queue and returns the number of buffers used.
@@ -435,26 +495,23 @@ pub fn push_rx<M: GuestMemory>(
     hdr: &VirtioNetHdr,
     frame: &[u8],
 ) -> Result<u16, RxError> {
-    push_rx_walked(q, mem, hdr_len, mrg_rxbuf, hdr, frame, &mut 0)
+    push_rx_burst(q, mem, &mut RxBurst::new(hdr_len, mrg_rxbuf), hdr, frame)
 }
 
-/// [`push_rx`], adding the descriptors it walked to `walked` (at most
-/// [`MAX_FRAME_DESCS`] + 1 per call).
-pub fn push_rx_walked<M: GuestMemory>(
+/// [`push_rx`] as the next frame of `burst`.
+pub fn push_rx_burst<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
-    hdr_len: usize,
-    mrg_rxbuf: bool,
+    burst: &mut RxBurst,
     hdr: &VirtioNetHdr,
     frame: &[u8],
-    walked: &mut usize,
 ) -> Result<u16, RxError> {
-    let res = push_rx_unpublished(q, mem, hdr_len, mrg_rxbuf, hdr, frame, walked);
+    let res = push_rx_unpublished(q, mem, burst, hdr, frame);
     publish_used(q, mem).map_err(RxError::Ring)?;
     res
 }
 
-/// [`push_rx_walked`] without publishing the used index: the entries are written and
+/// [`push_rx_burst`] without publishing the used index: the entries are written and
 /// `next_used` moves on, but the driver sees them only at the next [`publish_used`]. The
 /// daemon publishes once per burst, when it checks for an interrupt: each store of the
 /// index moves a cache line the driver keeps reading to this CPU and back, as vhost-net and
@@ -462,16 +519,14 @@ pub fn push_rx_walked<M: GuestMemory>(
 pub fn push_rx_unpublished<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
-    hdr_len: usize,
-    mrg_rxbuf: bool,
+    burst: &mut RxBurst,
     hdr: &VirtioNetHdr,
     frame: &[u8],
-    walked: &mut usize,
 ) -> Result<u16, RxError> {
     let Some(ring) = SplitRing::new(q, mem) else {
         return Err(RxError::NoBuffers);
     };
-    push_rx_ring(q, &ring, hdr_len, mrg_rxbuf, hdr, frame, walked)
+    push_rx_ring(q, &ring, burst, hdr, frame)
 }
 
 /// [`push_rx_unpublished`] into rings already found for `q`: a worker writing a burst into
@@ -479,12 +534,12 @@ pub fn push_rx_unpublished<M: GuestMemory>(
 pub fn push_rx_ring<M: GuestMemory>(
     q: &mut Queue,
     ring: &SplitRing<'_, M>,
-    hdr_len: usize,
-    mrg_rxbuf: bool,
+    burst: &mut RxBurst,
     hdr: &VirtioNetHdr,
     frame: &[u8],
-    walked: &mut usize,
 ) -> Result<u16, RxError> {
+    let (hdr_len, mrg_rxbuf) = (burst.hdr_len, burst.mrg_rxbuf);
+    let walked = &mut burst.walked;
     let limit = walked.saturating_add(MAX_FRAME_DESCS);
     let total = hdr_len + frame.len();
     let mut rx = RxChains::new();
@@ -492,7 +547,8 @@ pub fn push_rx_ring<M: GuestMemory>(
     // Chains are taken from `pos` on; `next_avail` moves only once the frame is placed or
     // refused, so a frame that finds too few buffers consumes none.
     let mut pos = q.next_avail();
-    let mut avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
+    // No index read yet: equal to `pos`, so the loop reads it before the first chain.
+    let avail = burst.avail.get_or_insert(pos);
     while room < total {
         let used = rx.chains.len();
         if used == MAX_RX_BUFFERS || (!mrg_rxbuf && used == 1) {
@@ -502,10 +558,11 @@ pub fn push_rx_ring<M: GuestMemory>(
                 RxError::NoBuffers
             });
         }
-        if pos == avail {
-            // A look again: the driver may have posted more since (mergeable buffers).
-            avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
-            if pos == avail {
+        if pos == *avail {
+            // Every chain the index made available is taken: a look again, the driver may
+            // have posted more since (mergeable buffers, or the burst's next frame).
+            *avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
+            if pos == *avail {
                 return Err(RxError::NoBuffers);
             }
         }
@@ -569,10 +626,10 @@ fn write_frame<M: GuestMemory>(
         let descs = rx.descs(i);
         let off = if i == 0 { hdr_len } else { 0 };
         if i == 0 {
-            write_at(mem, descs, 0, hdr)?;
+            write_at(mem, descs, 0, hdr, update_guest)?;
         }
         let take = (rc.capacity - off).min(frame.len() - src_off);
-        write_at(mem, descs, off, &frame[src_off..src_off + take])?;
+        write_at(mem, descs, off, &frame[src_off..src_off + take], write_guest)?;
         src_off += take;
     }
     Ok(())

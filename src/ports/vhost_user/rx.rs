@@ -16,7 +16,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemory};
 
 use super::queue::{
-    publish_used, push_rx_unpublished, wants_interrupt_after, ChainError, RingError, RxError, MAX_FRAME_DESCS,
+    publish_used, push_rx_unpublished, wants_interrupt_after, ChainError, RingError, RxBurst, RxError,
+    MAX_FRAME_DESCS,
 };
 use super::{error_chain, GuestPort, RxPath, Vring, UNCHECKED};
 use crate::device::filter::Verdict;
@@ -240,15 +241,8 @@ impl GuestPort {
         };
         let Some(res) = self.contain("a received frame", || {
             // Published with the burst's interrupt check (`flush_rx`).
-            push_rx_unpublished(
-                state.get_queue_mut(),
-                &*mem,
-                rx.feat.hdr_len(),
-                rx.feat.mrg_rxbuf(),
-                &out,
-                frame,
-                &mut 0,
-            )
+            let mut burst = RxBurst::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf());
+            push_rx_unpublished(state.get_queue_mut(), &*mem, &mut burst, &out, frame)
         }) else {
             // Where the ring was left is unknown: nothing more goes into it.
             stats.rx_errors.inc();

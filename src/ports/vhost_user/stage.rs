@@ -9,7 +9,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
-use super::queue::{publish_used, push_rx_ring};
+use super::queue::{publish_used, push_rx_ring, RxBurst};
 use super::ring::SplitRing;
 use super::rx::{publish_and_check, Pushed, QueueReady, RxSnapshot};
 use super::{error_chain, GuestPort, RxPath};
@@ -216,11 +216,11 @@ impl GuestPort {
         let Some(ring) = SplitRing::new(state.get_queue(), mem) else {
             return dropped(frames.len());
         };
-        let (hdr_len, mrg) = (rx.feat.hdr_len(), rx.feat.mrg_rxbuf());
+        let mut burst = RxBurst::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf());
         let res = self.contain("received frames", || {
             for (k, f) in frames.iter().enumerate() {
                 let frame = &bytes[f.start..f.start + f.len];
-                let r = push_rx_ring(state.get_queue_mut(), &ring, hdr_len, mrg, &f.hdr, frame, &mut 0);
+                let r = push_rx_ring(state.get_queue_mut(), &ring, &mut burst, &f.hdr, frame);
                 if let Pushed::Broken(e) = self.pushed(stats, q, r.map(drop), f.completed, f.len) {
                     dropped(frames.len() - k - 1);
                     return Err(e);
