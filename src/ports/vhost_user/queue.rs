@@ -256,8 +256,9 @@ fn write_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<
 }
 
 /// Writes `src` into guest memory at `at` unless the bytes there are `src` already. For the
-/// virtio-net header of a received frame: a buffer the driver posts again usually still
-/// holds the header of its last frame, the same one (no offloads, one buffer), and a line
+/// virtio-net header of a received frame: a buffer the driver posts again often still
+/// holds the header of its last frame, the same one (no offloads, one buffer; DPDK's
+/// virtio-user always places it there, a Linux guest's page fragments may not), and a line
 /// only read stays shared with the driver's CPU where a store would take it over and make
 /// the driver fetch it back. DPDK's vhost library writes the header's fields the same way
 /// (`ASSIGN_UNLESS_EQUAL`, lib/vhost/virtio_net.c). Header-sized ranges only; a longer
