@@ -5,11 +5,11 @@
 //! A prefetch of any of it first changes none of that.
 
 use dpaa_vnic::ports::vhost_user::queue::wants_interrupt_after;
-use dpaa_vnic::ports::vhost_user::ring::SplitRing;
+use dpaa_vnic::ports::vhost_user::ring::{GuestBuffers, SplitRing};
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 const SIZE: u16 = 16;
 const MEM: usize = 0x1_0000;
@@ -205,5 +205,42 @@ fn a_ring_across_two_regions_is_read_through_guest_memory() {
             seen(ring.chain(head)),
             vec![(0x4000 + 0x100 * u64::from(pos), 64, 0, 0)]
         );
+    }
+}
+
+/// Three regions with a gap between the last two, and ranges in each, across two, in the
+/// gap and past the end.
+fn buffer_range() -> impl Strategy<Value = (u64, usize)> {
+    let addr = prop_oneof![
+        0u64..0x1000,
+        0x1000u64..0x3000,
+        0x4000u64..0x5000,
+        Just(0xfff),
+        Just(0x2fff),
+        Just(0x3000),
+        Just(0x4fff),
+        Just(u64::MAX - 2),
+    ];
+    (addr, prop_oneof![0usize..0x40, Just(0x1000), Just(0x2001)])
+}
+
+proptest! {
+    /// The region cache answers every look-up of a sequence as vm-memory's own look-up
+    /// does: the same host bytes, or none where a range is not one region's.
+    #[test]
+    fn guest_buffers_find_what_vm_memory_finds(ranges in prop::collection::vec(buffer_range(), 1..40)) {
+        let m: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x1000), 0x2000),
+            (GuestAddress(0x4000), 0x1000),
+        ])
+        .unwrap();
+        let bufs = GuestBuffers::new(&m);
+        for (addr, len) in ranges {
+            let at = GuestAddress(addr);
+            let got = bufs.slice(at, len).map(|s| (s.ptr_guard().as_ptr() as usize, s.len()));
+            let want = m.get_slice(at, len).ok().map(|s| (s.ptr_guard().as_ptr() as usize, s.len()));
+            prop_assert_eq!(got, want, "{:#x}+{:#x}", addr, len);
+        }
     }
 }

@@ -15,7 +15,7 @@ use virtio_queue::{desc::split::Descriptor, DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Permissions};
 
 use super::evict::EvictList;
-use super::ring::{host_slice, SplitRing};
+use super::ring::{GuestBuffers, SplitRing};
 use crate::wire::virtio_net_hdr::{HdrError, VirtioNetHdr, HDR_LEN_HASH};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
@@ -144,7 +144,13 @@ pub fn pop_tx<M: GuestMemory>(
     let Some(chain) = next_chain(q, mem)? else {
         return Ok(None);
     };
-    Ok(Some(copy_chain(chain.head_index(), chain, mem, hdr_len, buf)))
+    Ok(Some(copy_chain(
+        chain.head_index(),
+        chain,
+        &GuestBuffers::new(mem),
+        hdr_len,
+        buf,
+    )))
 }
 
 /// One TX chain of a batch: where its bytes start in the batch's buffer.
@@ -191,7 +197,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
         let t = copy_chain(
             head,
             ring.chain(head),
-            mem,
+            ring.buffers(),
             hdr_len,
             &mut buf[start..start + frame_max],
         );
@@ -218,7 +224,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
 fn copy_chain<M: GuestMemory>(
     head: u16,
     chain: impl Iterator<Item = Descriptor>,
-    mem: &M,
+    mem: &GuestBuffers<'_, M>,
     hdr_len: usize,
     buf: &mut [u8],
 ) -> TxChain {
@@ -238,21 +244,29 @@ fn copy_chain<M: GuestMemory>(
 /// regions a range covers through an iterator, which cost more than the copy of a small
 /// frame (docs/benchmarks.md, "PVP loop"); it stays the path for a range that crosses
 /// regions or lies outside them, and so gives the error for a bad one.
-fn read_guest<M: GuestMemory>(mem: &M, dst: &mut [u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
-    if let Some(s) = host_slice(mem, at, dst.len()) {
+fn read_guest<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    dst: &mut [u8],
+    at: GuestAddress,
+) -> Result<(), GuestMemoryError> {
+    if let Some(s) = mem.slice(at, dst.len()) {
         s.copy_to(dst);
         return Ok(());
     }
-    mem.read_slice(dst, at)
+    mem.mem().read_slice(dst, at)
 }
 
 /// Writes `src` into guest memory at `at`, as [`read_guest`] reads.
-fn write_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
-    if let Some(s) = host_slice(mem, at, src.len()) {
+fn write_guest<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    src: &[u8],
+    at: GuestAddress,
+) -> Result<(), GuestMemoryError> {
+    if let Some(s) = mem.slice(at, src.len()) {
         s.copy_from(src);
         return Ok(());
     }
-    mem.write_slice(src, at)
+    mem.mem().write_slice(src, at)
 }
 
 /// Writes `src` into guest memory at `at` unless the bytes there are `src` already. For the
@@ -263,13 +277,20 @@ fn write_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<
 /// the driver fetch it back. DPDK's vhost library writes the header's fields the same way
 /// (`ASSIGN_UNLESS_EQUAL`, lib/vhost/virtio_net.c). Header-sized ranges only; a longer
 /// one, or one across regions, is written as [`write_guest`] writes.
-fn update_guest<M: GuestMemory>(mem: &M, src: &[u8], at: GuestAddress) -> Result<(), GuestMemoryError> {
+fn update_guest<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    src: &[u8],
+    at: GuestAddress,
+) -> Result<(), GuestMemoryError> {
     const MAX: usize = HDR_LEN_HASH;
     if src.len() <= MAX {
-        if let Some(s) = host_slice(mem, at, src.len()) {
-            let mut now = [0u8; MAX];
+        if let Some(s) = mem.slice(at, src.len()) {
+            // Compared as whole arrays, zero past `src`: a fixed-size compare the compiler
+            // inlines, where a slice compare calls memcmp for 12 bytes.
+            let (mut now, mut want) = ([0u8; MAX], [0u8; MAX]);
             s.copy_to(&mut now[..src.len()]);
-            if now[..src.len()] != *src {
+            want[..src.len()].copy_from_slice(src);
+            if now != want {
                 s.copy_from(src);
             }
             return Ok(());
@@ -292,7 +313,7 @@ fn walk_one(walked: &mut usize, limit: usize) -> Result<(), ChainError> {
 
 fn copy_out<M: GuestMemory>(
     chain: impl Iterator<Item = Descriptor>,
-    mem: &M,
+    mem: &GuestBuffers<'_, M>,
     buf: &mut [u8],
     walked: &mut usize,
 ) -> Result<usize, ChainError> {
@@ -414,13 +435,16 @@ impl RxChains {
     }
 }
 
+/// How [`write_at`] stores one piece: [`write_guest`] or [`update_guest`].
+type Put<M> = for<'a, 'm> fn(&'a GuestBuffers<'m, M>, &'a [u8], GuestAddress) -> Result<(), GuestMemoryError>;
+
 /// Writes `src` at byte `off` of a chain's buffers.
 fn write_at<M: GuestMemory>(
-    mem: &M,
+    mem: &GuestBuffers<'_, M>,
     descs: &[(GuestAddress, u32)],
     mut off: usize,
     mut src: &[u8],
-    put: fn(&M, &[u8], GuestAddress) -> Result<(), GuestMemoryError>,
+    put: Put<M>,
 ) -> Result<(), ChainError> {
     for &(addr, len) in descs {
         let len = len as usize;
@@ -593,7 +617,7 @@ pub fn push_rx_ring<M: GuestMemory>(
     let mut h = *hdr;
     h.num_buffers = used as u16;
     let hdr_bytes = h.to_bytes();
-    if let Err(e) = write_frame(ring.mem(), &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
+    if let Err(e) = write_frame(ring.buffers(), &rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
         // A buffer outside guest memory: the frame is dropped, its chains returned empty.
         give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))?;
         return Err(RxError::Chain(e));
@@ -616,7 +640,7 @@ pub fn push_rx_ring<M: GuestMemory>(
 /// Writes the header and the frame into the chains: the header at the start of the first,
 /// the frame's bytes filling the buffers in order after it.
 fn write_frame<M: GuestMemory>(
-    mem: &M,
+    mem: &GuestBuffers<'_, M>,
     rx: &RxChains,
     hdr_len: usize,
     hdr: &[u8],

@@ -16,6 +16,7 @@
 //! ([`SplitRing::publish_used`]). An area that does not lie in one memory region (a driver
 //! may place a ring across two) is accessed through `GuestMemory` per access, as before.
 
+use std::cell::Cell;
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 
@@ -23,7 +24,8 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
 use vm_memory::bitmap::MS;
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileMemory, VolatileSlice,
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, VolatileMemory,
+    VolatileSlice,
 };
 
 use super::queue::RingError;
@@ -39,6 +41,49 @@ pub(super) fn host_slice<M: GuestMemory + ?Sized>(
     len: usize,
 ) -> Option<VolatileSlice<'_, MS<'_, M::PhysicalMemory>>> {
     mem.physical_memory()?.get_slice(addr, len).ok()
+}
+
+/// The memory region type of `M`'s physical memory.
+type Region<M> = <<M as GuestMemory>::PhysicalMemory as GuestMemoryBackend>::R;
+
+/// Guest memory as the buffers of one burst are found in it: [`host_slice`], remembering
+/// the region the last buffer lay in. vm-memory 0.18 finds a region by a binary search over
+/// its list (`find_region`) for every access; a burst's buffers come from one driver's
+/// pool, nearly always one region, so most look-ups become one range check
+/// (docs/benchmarks.md, "One region look-up per burst"). The answer is the same as
+/// [`host_slice`]'s: a range the cached region does not hold whole is looked up again.
+pub struct GuestBuffers<'m, M: GuestMemory + ?Sized + 'm> {
+    mem: &'m M,
+    last: Cell<Option<&'m Region<M>>>,
+}
+
+impl<'m, M: GuestMemory + ?Sized> GuestBuffers<'m, M> {
+    pub fn new(mem: &'m M) -> Self {
+        GuestBuffers {
+            mem,
+            last: Cell::new(None),
+        }
+    }
+
+    pub fn mem(&self) -> &'m M {
+        self.mem
+    }
+
+    /// `len` bytes at `addr` as one host slice, when they lie in one region.
+    pub fn slice(
+        &self,
+        addr: GuestAddress,
+        len: usize,
+    ) -> Option<VolatileSlice<'m, MS<'m, M::PhysicalMemory>>> {
+        if let Some(r) = self.last.get() {
+            if let Some(s) = r.to_region_addr(addr).and_then(|at| r.get_slice(at, len).ok()) {
+                return Some(s);
+            }
+        }
+        let (r, at) = self.mem.physical_memory()?.to_region_addr(addr)?;
+        self.last.set(Some(r));
+        r.get_slice(at, len).ok()
+    }
 }
 
 /// One area of the ring: a slice of host memory when it lies in one region, else its guest
@@ -119,6 +164,7 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
 /// A started queue's rings, valid while the memory guard `mem` lives.
 pub struct SplitRing<'m, M: GuestMemory + ?Sized + 'm> {
     mem: &'m M,
+    bufs: GuestBuffers<'m, M>,
     size: u16,
     desc: Area<'m, M>,
     avail: Area<'m, M>,
@@ -136,6 +182,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         let n = u64::from(size);
         Some(SplitRing {
             mem,
+            bufs: GuestBuffers::new(mem),
             size,
             desc: Area::new(mem, GuestAddress(q.desc_table()), DESC_SIZE * n),
             avail: Area::new(mem, GuestAddress(q.avail_ring()), 4 + 2 * n),
@@ -150,6 +197,11 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// The guest memory the rings (and their chains' buffers) lie in.
     pub fn mem(&self) -> &'m M {
         self.mem
+    }
+
+    /// The same memory, for the chains' buffers: the region of the last one found is kept.
+    pub fn buffers(&self) -> &GuestBuffers<'m, M> {
+        &self.bufs
     }
 
     /// The driver's avail index. One more than a ring ahead of `next_avail` is refused, as
@@ -264,7 +316,7 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
                 continue;
             }
             let len = (d.len() as usize).min(PREFETCH_BYTES);
-            if let Some(s) = host_slice(self.mem, d.addr(), len) {
+            if let Some(s) = self.bufs.slice(d.addr(), len) {
                 let buf = s.ptr_guard();
                 // The first, middle and last byte: 128 bytes span at most three lines.
                 for off in [0, len / 2, len.saturating_sub(1)] {
