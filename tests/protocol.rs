@@ -76,8 +76,30 @@ fn rig_port(ctrl: CtrlTuning, snoop: Option<Option<Duration>>, poll: Option<Arc<
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vnic.sock");
     let switch = Arc::new(Switch::new(2));
+    let port = serve_port(&switch, 0, &path, ctrl, snoop, poll);
+    let sink = Arc::new(Sink::default());
+    switch.attach(1, sink.clone());
+    Rig {
+        _dir: dir,
+        path,
+        port,
+        sink,
+        tally: switch.tallies().register(),
+        switch,
+    }
+}
+
+/// Guest port `id` of `switch` (MAC 52:54:00:d0:aa:0<id + 1>), attached and served on `path`.
+fn serve_port(
+    switch: &Arc<Switch>,
+    id: usize,
+    path: &std::path::Path,
+    ctrl: CtrlTuning,
+    snoop: Option<Option<Duration>>,
+    poll: Option<Arc<PollGroup>>,
+) -> Arc<GuestPort> {
     let cfg = NetConfig {
-        mac: "52:54:00:d0:aa:01".parse().unwrap(),
+        mac: format!("52:54:00:d0:aa:{:02x}", id + 1).parse().unwrap(),
         link_up: true,
         max_queue_pairs: 1,
         mtu: 1500,
@@ -88,25 +110,16 @@ fn rig_port(ctrl: CtrlTuning, snoop: Option<Option<Duration>>, poll: Option<Arc<
         snoop,
         snoop_max_groups: 16_384,
     };
-    let port = GuestPort::new(0, path.clone(), 1, cfg, filter, ctrl, switch.clone());
+    let port = GuestPort::new(id, path.to_path_buf(), 1, cfg, filter, ctrl, switch.clone());
     let port = Arc::new(match poll {
         Some(group) => port.with_poll(group),
         None => port,
     });
-    let sink = Arc::new(Sink::default());
-    switch.attach(0, port.clone());
-    switch.attach(1, sink.clone());
+    switch.attach(id, port.clone());
     let listener = port.bind(Default::default()).unwrap();
     let p = port.clone();
     thread::spawn(move || p.serve(listener, dpaa_vnic::stop::Stop::default()));
-    Rig {
-        _dir: dir,
-        path,
-        port,
-        sink,
-        tally: switch.tallies().register(),
-        switch,
-    }
+    port
 }
 
 /// Posts two 2 KiB receive buffers and kicks, as a driver does after DRIVER_OK.
@@ -414,6 +427,134 @@ fn a_long_frame_is_written_after_the_staged_ones() {
     assert_eq!(used(2), (2, (HDR + 1000) as u32));
 }
 
+/// A frame the sender pinned (`Packet::pinned`, a TX batch's frames) is staged by pointer
+/// whatever its length, so a long one waits for the flush too, and is written from where it
+/// lies; a partial checksum is completed in place, in the sender's buffer.
+#[test]
+fn a_pinned_frame_is_written_from_where_it_lies_at_the_flush() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    rx_started(&r, &g, &rxq);
+    // 1000 bytes: longer than an unpinned frame may be to be staged.
+    let (f, hdr) = udp_partial(1000);
+    let mut sent = f.clone();
+    // SAFETY: `sent` lives, untouched, until after the flush below.
+    let mut pkt = unsafe { Packet::pinned(hdr, &mut sent) };
+    r.port.send(&r.tally, 0, &mut pkt, &mut Vec::new());
+    assert_eq!(r.port.stats()[0].rx_packets, 1, "written before the flush");
+    assert_ne!(sent[40..42], f[40..42], "completed in the sender's buffer");
+    r.port.flush(&r.tally);
+    assert_eq!(r.port.stats()[0].rx_packets, 2);
+    assert_eq!(rxq.used().idx().load(), 2);
+    let mut got = vec![0u8; HDR + f.len()];
+    g.mem.read_slice(&mut got, GuestAddress(0x11_1000)).unwrap();
+    assert_eq!(VirtioNetHdr::parse(&got, HDR).unwrap().flags & 1, 0);
+    assert_eq!(&got[HDR..], &sent[..]);
+    assert_eq!(r.port.stats()[0].rx_csum_completed, 1);
+}
+
+/// Two guests on one switch: a burst from one to the other, four full TX batches long and
+/// of lengths from 60 to 1000 bytes, arrives whole and in order. The sender's worker pins a
+/// batch's frames in one half of its buffer while it pops the next into the other half, and
+/// must flush before it fills a half again (`Pins` in backend.rs): a frame written out
+/// after its half was refilled would arrive with another frame's bytes.
+#[test]
+fn a_burst_between_two_guests_arrives_whole_and_in_order() {
+    const N: u16 = 4 * 32;
+    const RING: u16 = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let switch = Arc::new(Switch::new(2));
+    let paths = [dir.path().join("a.sock"), dir.path().join("b.sock")];
+    let ports: Vec<Arc<GuestPort>> = (0..2)
+        .map(|id| serve_port(&switch, id, &paths[id], CtrlTuning::default(), None, None))
+        .collect();
+    let features = VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES;
+    let mut a = Guest::connect(&paths[0], features);
+    let mut b = Guest::connect(&paths[1], features);
+    // Rings of 256 laid out as the spec says, so that a burst can outgrow a batch.
+    let (txr, rxr) = (SplitLayout::at(0x18_0000, RING), SplitLayout::at(0x1a_0000, RING));
+    a.fe.get_vring_base(1).unwrap();
+    a.set_up_ring_at(1, 0, txr);
+    enable(&mut a.fe, 1);
+    b.fe.get_vring_base(0).unwrap();
+    b.set_up_ring_at(0, 0, rxr);
+    enable(&mut b.fe, 0);
+    // B posts 2 KiB buffers, one per descriptor, and its RX path comes up (one frame in).
+    let post = |g: &Guest, ring: SplitLayout, i: u16, desc: RawDescriptor| {
+        g.mem
+            .write_obj(desc, GuestAddress(ring.desc + 16 * u64::from(i)))
+            .unwrap();
+        g.mem
+            .write_obj(i, GuestAddress(ring.avail + 4 + 2 * u64::from(i % RING)))
+            .unwrap();
+    };
+    let rx_buf = |i: u16| 0x10_0000 + 0x800 * u64::from(i);
+    for i in 0..=N {
+        post(&b, rxr, i, d(rx_buf(i), 2048, F_WRITE, 0));
+    }
+    b.mem.write_obj(N + 1, GuestAddress(rxr.avail + 2)).unwrap();
+    let tally = switch.tallies().register();
+    let used_idx = |g: &Guest, ring: SplitLayout| g.mem.read_obj::<u16>(GuestAddress(ring.used + 2)).unwrap();
+    wait_until("B's RX path up", || {
+        let mut f = frame("52:54:00:d0:aa:02", 60);
+        ports[1].send(
+            &tally,
+            0,
+            &mut Packet::new(VirtioNetHdr::default(), &mut f),
+            &mut Vec::new(),
+        );
+        ports[1].flush(&tally);
+        used_idx(&b, rxr) == 1
+    });
+    // A sends N frames to B at once: header and frame in a descriptor each.
+    let frames: Vec<Vec<u8>> = (0..N)
+        .map(|i| {
+            let mut f = frame("52:54:00:d0:aa:02", 60 + usize::from(i) * 97 % 941);
+            for (k, byte) in f[14..].iter_mut().enumerate() {
+                *byte = (i as u8).wrapping_mul(31).wrapping_add(k as u8);
+            }
+            f
+        })
+        .collect();
+    for (i, f) in (0u16..).zip(&frames) {
+        let at = 0x2_0000 + 0x1000 * u64::from(i);
+        a.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
+        a.mem.write_slice(f, GuestAddress(at + 0x100)).unwrap();
+        post(&a, txr, 2 * i, d(at, HDR as u32, F_NEXT, 2 * i + 1));
+        a.mem
+            .write_obj(
+                d(at + 0x100, f.len() as u32, 0, 0),
+                GuestAddress(txr.desc + 16 * u64::from(2 * i + 1)),
+            )
+            .unwrap();
+        // `post` put head 2i at avail slot 2i: it belongs at slot i.
+        a.mem
+            .write_obj(2 * i, GuestAddress(txr.avail + 4 + 2 * u64::from(i)))
+            .unwrap();
+    }
+    a.mem.write_obj(N, GuestAddress(txr.avail + 2)).unwrap();
+    a.kick[1].write(1).unwrap();
+    wait_until("the burst at B", || used_idx(&b, rxr) == N + 1);
+    assert_eq!(used_idx(&a, txr), N, "every TX chain returned");
+    for (i, f) in (1u16..).zip(&frames) {
+        let entry = rxr.used + 4 + 8 * u64::from(i);
+        let (id, len): (u32, u32) = (
+            b.mem.read_obj(GuestAddress(entry)).unwrap(),
+            b.mem.read_obj(GuestAddress(entry + 4)).unwrap(),
+        );
+        assert_eq!((id, len as usize), (u32::from(i), HDR + f.len()), "frame {i}");
+        let mut got = vec![0u8; f.len()];
+        b.mem
+            .read_slice(&mut got, GuestAddress(rx_buf(i) + HDR as u64))
+            .unwrap();
+        assert!(got == *f, "frame {i} arrived with other bytes");
+    }
+    let (sa, sb) = (ports[0].stats()[0], ports[1].stats()[0]);
+    assert_eq!((sa.tx_packets, sa.tx_errors), (u64::from(N), 0));
+    assert_eq!((sb.rx_packets, sb.rx_dropped), (u64::from(N) + 1, 0));
+}
+
 /// A snooping port is never given another host's membership report (RFC 4541 2.1.1): an
 /// IGMPv2 guest that heard one for its group would not send its own. Queries still reach it.
 #[test]
@@ -447,23 +588,21 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
     assert_eq!(rxq.used().idx().load(), 1);
 }
 
-/// A guest that did not negotiate GUEST_CSUM gets partial checksums completed by the port.
-#[test]
-fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
-    let r = rig();
-    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
-    let rxq = g.queue(0);
-    post_rx_buffers(&g, &rxq);
-    // Ethernet + IPv4 (20) + UDP (8) + 6 bytes; the UDP checksum field holds the
-    // pseudo-header sum, as a sender with checksum offload leaves it.
-    let mut f = frame("52:54:00:d0:aa:01", 14 + 20 + 8 + 6);
+/// A `len`-byte UDP/IPv4 frame from 10.0.0.1 to 10.0.0.2 for the port's MAC, whose checksum
+/// field holds the pseudo-header sum as a sender with checksum offload leaves it, and the
+/// header that asks for the checksum to be completed.
+fn udp_partial(len: usize) -> (Vec<u8>, VirtioNetHdr) {
+    let mut f = frame("52:54:00:d0:aa:01", len);
+    let ip_len = u16::try_from(len - 14).unwrap();
+    let udp_len = ip_len - 20;
     f[14..34].copy_from_slice(&[
-        0x45, 0, 0, 34, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
     ]);
-    f[34..42].copy_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 14, 0, 0]);
-    f[42..48].copy_from_slice(b"vnic!!");
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[34..38].copy_from_slice(&[0x13, 0x88, 0x13, 0x89]);
+    f[38..40].copy_from_slice(&udp_len.to_be_bytes());
     // Pseudo-header: src + dst + proto + UDP length, folded, not inverted.
-    let pseudo: u32 = 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 17 + 14;
+    let pseudo: u32 = 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 17 + u32::from(udp_len);
     f[40..42].copy_from_slice(&(pseudo as u16).to_be_bytes());
     let hdr = VirtioNetHdr {
         flags: 1,
@@ -471,6 +610,19 @@ fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
         csum_offset: 6,
         ..Default::default()
     };
+    (f, hdr)
+}
+
+/// A guest that did not negotiate GUEST_CSUM gets partial checksums completed by the port.
+#[test]
+fn partial_checksum_is_completed_for_a_guest_without_guest_csum() {
+    let r = rig();
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let rxq = g.queue(0);
+    post_rx_buffers(&g, &rxq);
+    // Ethernet + IPv4 (20) + UDP (8) + 6 bytes.
+    let (mut f, hdr) = udp_partial(14 + 20 + 8 + 6);
+    f[42..48].copy_from_slice(b"vnic!!");
     deliver_first(&r, &rxq, hdr, &f);
     let mut got = vec![0u8; HDR + f.len()];
     g.mem.read_slice(&mut got, GuestAddress(0x11_0000)).unwrap();

@@ -3,8 +3,8 @@
 //! lie), checking the used ring after each event.
 
 use dpaa_vnic::ports::vhost_user::queue::{
-    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_burst, ChainError, CtrlChain, RxBurst,
-    RxError, TxSlot, MAX_FRAME_DESCS, TX_BATCH,
+    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_burst, ArenaSlots, ChainError,
+    CtrlChain, RxBurst, RxError, TxSlot, MAX_FRAME_DESCS, TX_BATCH,
 };
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -681,8 +681,35 @@ fn tx_batch_matches_chain_by_chain() {
     for (i, h) in heads.iter().enumerate() {
         assert_eq!(used(&vq, i), (u32::from(*h), 0));
     }
+    // Split off the buffer as a worker does, good chains only: the same bytes.
+    let copy = buf.clone();
+    let mut arena = ArenaSlots::new(&mut buf);
+    for s in &batch {
+        if let Ok(n) = s.chain.result {
+            let slot = arena.take(s.start, n).unwrap();
+            assert_eq!(&slot[..], &copy[s.start..s.start + n]);
+        }
+    }
     pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
     assert!(batch.is_empty());
+}
+
+/// The arena hands out each chain's bytes once, in order: a range overlapping one taken
+/// before, or past the buffer, is refused, and gaps between chains are skipped.
+#[test]
+fn arena_slots_are_disjoint_and_in_order() {
+    let mut buf: Vec<u8> = (0..100).collect();
+    let mut arena = ArenaSlots::new(&mut buf);
+    assert_eq!(arena.take(0, 10).unwrap()[9], 9);
+    assert!(arena.take(5, 10).is_none(), "overlaps the first");
+    assert_eq!(arena.take(10, 0).map(|s| s.len()), Some(0));
+    let gap = arena.take(20, 30).unwrap();
+    assert_eq!((gap[0], gap.len()), (20, 30));
+    assert!(arena.take(40, 5).is_none(), "inside one taken");
+    assert!(arena.take(90, 11).is_none(), "past the end");
+    assert!(arena.take(usize::MAX, 2).is_none());
+    assert_eq!(arena.take(90, 10).unwrap()[9], 99);
+    assert!(arena.take(100, 1).is_none());
 }
 
 /// A batch stops at its chain budget, its walk budget, and when the buffer has no room left

@@ -23,6 +23,10 @@ pub struct Packet<'a> {
     /// The frame's layers, parsed by the first stage that needs them and kept for the rest
     /// of the path (issue 17, "parse once"): a frame no stage looks into is never parsed.
     layout: Option<Layout>,
+    /// The frame's bytes stay where they are, unchanged, until the sending thread's next
+    /// [`Switch::flush`], so the port that gets it last may keep a pointer to them instead
+    /// of a copy ([`Packet::pinned`]).
+    pinned: bool,
 }
 
 impl<'a> Packet<'a> {
@@ -31,7 +35,32 @@ impl<'a> Packet<'a> {
             hdr,
             frame,
             layout: None,
+            pinned: false,
         }
+    }
+
+    /// A packet whose frame a port may hold by pointer until the sending thread flushes:
+    /// a guest port then writes it into its ring from where it lies, without a copy into
+    /// its stage (vhost_user/stage.rs). The switch hands it so only to the frame's last
+    /// destination; the others of a flood get the frame as [`Packet::new`] makes it.
+    ///
+    /// # Safety
+    ///
+    /// Until this thread's next [`Switch::flush`] (of the switch it forwards through)
+    /// returns, the bytes of `frame` must stay allocated, and nothing may write to them or
+    /// take a `&mut` to them but this packet and what it is handed to.
+    #[allow(unsafe_code)]
+    pub unsafe fn pinned(hdr: VirtioNetHdr, frame: &'a mut [u8]) -> Self {
+        Packet {
+            pinned: true,
+            ..Packet::new(hdr, frame)
+        }
+    }
+
+    /// Whether the frame may be held by pointer until the sending thread's next flush
+    /// (see [`Packet::pinned`]): set only while the packet goes to its last destination.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
     }
 
     /// The frame's layout, parsed at the first call. What the pipeline rewrites in place
@@ -60,6 +89,7 @@ impl<'a> Packet<'a> {
             hdr: self.hdr,
             frame: buf,
             layout: self.layout,
+            pinned: false,
         }
     }
 }
@@ -336,7 +366,11 @@ impl Switch {
         let (tally, flow) = (out.tally, out.flow);
         let actions = out.rules.actions_for(id, Dir::Egress);
         if actions.is_empty() {
+            // A port after this one gets the same bytes: this one must not keep them.
+            let pinned = pkt.pinned;
+            pkt.pinned = pinned && !shared;
             p.send(tally, flow, pkt, out.segment);
+            pkt.pinned = pinned;
             return;
         }
         // Counted on the egress port's queue, in the delivering worker's tally.
@@ -363,11 +397,14 @@ mod tests {
     #[derive(Default)]
     struct Sink {
         got: Mutex<Vec<Vec<u8>>>,
+        /// Whether each frame came pinned.
+        pinned: Mutex<Vec<bool>>,
     }
 
     impl Egress for Sink {
         fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
             self.got.lock().unwrap().push(pkt.frame.to_vec());
+            self.pinned.lock().unwrap().push(pkt.is_pinned());
         }
     }
 
@@ -417,6 +454,55 @@ mod tests {
             self.sw
                 .forward(&mut from, &mut Packet::new(VirtioNetHdr::default(), &mut f))
         }
+
+        /// [`Worker::go`] with the frame pinned; says whether it still is after.
+        #[allow(unsafe_code)]
+        fn go_pinned(&mut self, port: usize, mut f: Vec<u8>) -> (Forwarded, bool) {
+            let mut from = Ingress {
+                port,
+                queue: 0,
+                tally: &self.tally,
+                routes: &mut self.routes,
+                bufs: &mut self.bufs,
+            };
+            // SAFETY: `f` lives, untouched, until after this call; no sink keeps a pointer.
+            let mut pkt = unsafe { Packet::pinned(VirtioNetHdr::default(), &mut f) };
+            (self.sw.forward(&mut from, &mut pkt), pkt.is_pinned())
+        }
+    }
+
+    /// Only a frame's last destination may hold it by pointer until the flush: the ports
+    /// before it in a flood get it unpinned (the last may rewrite it in place), and so does
+    /// every port when the sender did not pin it. The sender's packet is as it was after.
+    #[test]
+    fn only_the_last_destination_gets_a_pinned_frame() {
+        let sw = Switch::new(4);
+        let sinks = plug(&sw);
+        let mut w = Worker::new(&sw);
+        let a = "02:00:00:00:00:0a";
+        let b = "02:00:00:00:00:0b";
+        let pins = |s: &Sink| s.pinned.lock().unwrap().clone();
+        assert_eq!(w.go_pinned(0, frame(b, a)), (Forwarded::Flooded, true));
+        assert_eq!(
+            sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
+            vec![vec![], vec![false], vec![false], vec![true]]
+        );
+        // b is learned on port 2; a unicast to it is pinned.
+        assert_eq!(w.go(2, frame(a, b)), Forwarded::Unicast(0));
+        assert_eq!(w.go_pinned(0, frame(b, a)), (Forwarded::Unicast(2), true));
+        assert_eq!(pins(&sinks[2]), vec![false, true]);
+        assert_eq!(pins(&sinks[0]), vec![false]);
+        // Not pinned by its sender: no port gets it pinned.
+        assert_eq!(w.go(1, frame("ff:ff:ff:ff:ff:ff", a)), Forwarded::Flooded);
+        assert_eq!(
+            sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
+            vec![
+                vec![false, false],
+                vec![false],
+                vec![false, true, false],
+                vec![true, false]
+            ]
+        );
     }
 
     fn counts(sinks: &[Arc<Sink>]) -> Vec<usize> {

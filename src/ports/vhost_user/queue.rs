@@ -220,6 +220,34 @@ pub fn pop_tx_batch<M: GuestMemory>(
     Ok(())
 }
 
+/// The chains of one TX batch, split off the buffer [`pop_tx_batch`] copied them into, one
+/// after the other. Each chain's bytes are a borrow of their own, disjoint from the rest,
+/// so a frame the pipeline holds by pointer until the batch is flushed is never borrowed
+/// again meanwhile (`Packet::pinned`).
+pub struct ArenaSlots<'a> {
+    rest: &'a mut [u8],
+    /// Where `rest` starts in the batch's buffer.
+    at: usize,
+}
+
+impl<'a> ArenaSlots<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        ArenaSlots { rest: buf, at: 0 }
+    }
+
+    /// Bytes `start..start + len` of the buffer. `None` if they overlap a chain taken
+    /// before or lie past the buffer: chains are taken in the order of the batch.
+    pub fn take(&mut self, start: usize, len: usize) -> Option<&'a mut [u8]> {
+        let skip = start.checked_sub(self.at)?;
+        let end = skip.checked_add(len).filter(|e| *e <= self.rest.len())?;
+        let rest = std::mem::take(&mut self.rest);
+        let (slot, rest) = rest.split_at_mut(end);
+        self.rest = rest;
+        self.at = start + len;
+        Some(&mut slot[skip..])
+    }
+}
+
 /// Copies one TX chain into `buf` (header first).
 fn copy_chain<M: GuestMemory>(
     head: u16,

@@ -163,7 +163,7 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
 
 /// A started queue's rings, valid while the memory guard `mem` lives.
 pub struct SplitRing<'m, M: GuestMemory + ?Sized + 'm> {
-    mem: &'m M,
+    /// The guest memory, and the region its last buffer lay in.
     bufs: GuestBuffers<'m, M>,
     size: u16,
     desc: Area<'m, M>,
@@ -181,7 +181,6 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         let size = q.size();
         let n = u64::from(size);
         Some(SplitRing {
-            mem,
             bufs: GuestBuffers::new(mem),
             size,
             desc: Area::new(mem, GuestAddress(q.desc_table()), DESC_SIZE * n),
@@ -196,7 +195,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
 
     /// The guest memory the rings (and their chains' buffers) lie in.
     pub fn mem(&self) -> &'m M {
-        self.mem
+        self.bufs.mem()
     }
 
     /// The same memory, for the chains' buffers: the region of the last one found is kept.
@@ -210,7 +209,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     pub fn avail_idx(&self, next_avail: u16) -> Result<u16, RingError> {
         let idx = self
             .avail
-            .load_u16(self.mem, 2, Ordering::Acquire)
+            .load_u16(self.mem(), 2, Ordering::Acquire)
             .map_err(RingError)?;
         if (Wrapping(idx) - Wrapping(next_avail)).0 > self.size {
             return Err(RingError(QueueError::InvalidAvailRingIndex));
@@ -223,7 +222,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     pub fn head(&self, pos: u16) -> Result<u16, RingError> {
         let off = 4 + 2 * u64::from(pos % self.size);
         self.avail
-            .load_u16(self.mem, off, Ordering::Acquire)
+            .load_u16(self.mem(), off, Ordering::Acquire)
             .map_err(RingError)
     }
 
@@ -247,7 +246,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         }
         let off = 4 + 8 * u64::from(pos % self.size);
         self.used
-            .write_used(self.mem, off, u32::from(head), len)
+            .write_used(self.mem(), off, u32::from(head), len)
             .map_err(RingError)
     }
 
@@ -256,7 +255,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// ring before the index).
     pub fn publish_used(&self, idx: u16) -> Result<(), RingError> {
         self.used
-            .store_u16(self.mem, 2, idx, Ordering::Release)
+            .store_u16(self.mem(), 2, idx, Ordering::Release)
             .map_err(RingError)
     }
 }
@@ -310,7 +309,7 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
             }
         }
         for &h in &heads[..n] {
-            let Ok(d) = self.desc.read_desc(self.mem, u64::from(h) * DESC_SIZE) else {
+            let Ok(d) = self.desc.read_desc(self.mem(), u64::from(h) * DESC_SIZE) else {
                 continue;
             };
             if d.refers_to_indirect_table() {
@@ -347,7 +346,7 @@ impl<M: GuestMemory + ?Sized> Chain<'_, '_, M> {
     fn read(&self, index: u16) -> Option<Descriptor> {
         let off = u64::from(index) * DESC_SIZE;
         let area = self.table.as_ref().unwrap_or(&self.ring.desc);
-        area.read_desc(self.ring.mem, off).ok()
+        area.read_desc(self.ring.mem(), off).ok()
     }
 
     /// Follows an indirect descriptor: its table must be a whole number of descriptors, at
@@ -357,7 +356,7 @@ impl<M: GuestMemory + ?Sized> Chain<'_, '_, M> {
             return None;
         }
         let n = u16::try_from(u64::from(d.len()) / DESC_SIZE).ok()?;
-        self.table = Some(Area::new(self.ring.mem, d.addr(), u64::from(d.len())));
+        self.table = Some(Area::new(self.ring.mem(), d.addr(), u64::from(d.len())));
         self.table_size = n;
         self.next = 0;
         self.ttl = n;

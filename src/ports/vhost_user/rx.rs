@@ -125,14 +125,16 @@ impl GuestPort {
             Verdict::Accept | Verdict::Reject => {}
         }
         let offloads = self.guest_offloads.load(Ordering::Relaxed);
+        let segments = pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type);
         let dest = Dest {
             rx,
             q,
             offloads,
             steered,
             stats,
+            whole: !segments,
         };
-        if pkt.hdr.gso_type != GSO_NONE && !takes_gso(offloads, pkt.hdr.gso_type) {
+        if segments {
             // The guest cannot take this GSO frame whole: segment it here, once.
             let mut all = true;
             let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
@@ -203,6 +205,9 @@ pub(super) struct Dest<'a> {
     offloads: u64,
     steered: Option<Steered>,
     stats: &'a QueueStats,
+    /// `write` gets the packet's own frame, not one of its GSO segments (built one after
+    /// the other in the sender's segment buffer).
+    pub(super) whole: bool,
 }
 
 /// Whether a guest with these receive offloads takes a GSO frame of this type whole.
@@ -311,6 +316,12 @@ impl GuestPort {
     /// The header this guest sees for `hdr`'s frame, and whether its partial checksum was
     /// completed here: in place, clearing NEEDS_CSUM in `hdr` so later destinations of a
     /// flooded frame see it complete. `None`: dropped (bad checksum offsets), counted.
+    ///
+    /// Always inlined (`#[inline]` was not enough, with three callers): returned through
+    /// memory, the header was stored field by field and loaded back whole, and the load
+    /// waited for the stores (a failed store-to-load forward, half of the staging
+    /// closure's samples in a profile of the loop).
+    #[inline(always)]
     pub(super) fn guest_header(
         &self,
         d: &Dest<'_>,

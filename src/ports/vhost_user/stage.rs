@@ -26,9 +26,12 @@ use crate::wire::virtio_net_hdr::VirtioNetHdr;
 /// the used index and one interrupt check. Written frame by frame, each frame took the
 /// ring's lock and two `ArcSwap` snapshots, and each of those locked instructions waited
 /// for the previous frame's stores to reach lines the frontend's CPU holds, so no two
-/// frames' stores overlapped (docs/benchmarks.md, "PVP loop"). The copy keeps each
-/// destination's frame its own: the last destination of a flood may rewrite the frame in
-/// place (egress actions, checksum completion) before the earlier ones are written.
+/// frames' stores overlapped (docs/benchmarks.md, "PVP loop"). A frame is copied into the
+/// stage unless its sender pinned it ([`Packet::pinned`]: a vhost-user worker's TX batch,
+/// for the frame's last destination): the copy keeps each destination's frame its own, as
+/// the last destination of a flood may rewrite the frame in place (egress actions,
+/// checksum completion) before the earlier ones are written, and the sender's buffers for
+/// segments and router replies are reused frame by frame.
 #[derive(Default)]
 struct Stage {
     ports: Vec<PortStage>,
@@ -52,15 +55,40 @@ struct PortStage {
 struct Staged {
     q: usize,
     hdr: VirtioNetHdr,
-    start: usize,
+    at: At,
     len: usize,
     /// Its partial checksum was completed here (counted once it is written).
     completed: bool,
 }
 
-/// Frames longer than this are not staged but written at once (after the port's staged
-/// ones): for them the copy into the stage costs more than the per-frame lock and
-/// snapshots it saves (docs/benchmarks.md, "PVP loop").
+/// Where a staged frame's bytes are.
+#[derive(Clone, Copy)]
+enum At {
+    /// Copied into the port stage's `bytes`, from this offset.
+    Copy(usize),
+    /// Where the sender pinned them ([`Packet::pinned`]).
+    Pinned(*const u8),
+}
+
+impl Staged {
+    /// The frame's bytes, from the port stage's `bytes` or where they were pinned.
+    fn frame<'b>(&self, bytes: &'b [u8]) -> &'b [u8] {
+        match self.at {
+            At::Copy(start) => &bytes[start..start + self.len],
+            // SAFETY: `Packet::pinned`'s contract keeps a pinned frame's bytes allocated and
+            // unwritten until the sending thread's next `Switch::flush` returns. The stage
+            // is the sending thread's own (thread-local), and that flush writes out every
+            // port's stage (`Egress::flush`, `drain`), so a pinned frame is read here at the
+            // latest during it; `write_out` clears the stage after writing it.
+            At::Pinned(ptr) => unsafe { std::slice::from_raw_parts(ptr, self.len) },
+        }
+    }
+}
+
+/// Unpinned frames longer than this are not staged but written at once (after the port's
+/// staged ones): for them the copy into the stage costs more than the per-frame lock and
+/// snapshots it saves (docs/benchmarks.md, "PVP loop"). A pinned frame is staged whatever
+/// its length: it costs no copy.
 const STAGE_FRAME_MAX: usize = 512;
 
 /// Bytes staged for one port before they are written out without waiting for the flush:
@@ -95,13 +123,15 @@ impl Stage {
 }
 
 impl GuestPort {
-    /// `Egress::send`: the frame goes through the filter and RSS now, and is copied into
-    /// this thread's stage, written into the ring at the flush (or once the stage is full).
+    /// `Egress::send`: the frame goes through the filter and RSS now, and is staged in this
+    /// thread's stage (copied, or by pointer if pinned), written into the ring at the flush
+    /// (or once the stage is full).
     pub(super) fn stage(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
         if self.is_peer_report(tally, flow, pkt.frame) {
             return;
         }
-        if pkt.frame.len() > STAGE_FRAME_MAX {
+        let pinned = pkt.is_pinned();
+        if !pinned && pkt.frame.len() > STAGE_FRAME_MAX {
             // Written at once, after what is staged for this port (the order is kept).
             self.drain(tally);
             self.deliver(tally, flow, pkt, segment);
@@ -132,6 +162,20 @@ impl GuestPort {
             };
             let path = RxSnapshot { rx, steering, ready };
             self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
+                if pinned && d.whole {
+                    // Its last destination: completed in place, and held where it lies.
+                    let Some((out, completed)) = self.guest_header(d, hdr, frame) else {
+                        return false;
+                    };
+                    frames.push(Staged {
+                        q: d.q,
+                        hdr: out,
+                        at: At::Pinned(frame.as_ptr()),
+                        len: frame.len(),
+                        completed,
+                    });
+                    return true;
+                }
                 let start = bytes.len();
                 bytes.extend_from_slice(frame);
                 // Completed on the copy: the caller's frame and header stay as they were.
@@ -143,7 +187,7 @@ impl GuestPort {
                 frames.push(Staged {
                     q: d.q,
                     hdr: out,
-                    start,
+                    at: At::Copy(start),
                     len: frame.len(),
                     completed,
                 });
@@ -219,7 +263,7 @@ impl GuestPort {
         let mut burst = RxBurst::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf());
         let res = self.contain("received frames", || {
             for (k, f) in frames.iter().enumerate() {
-                let frame = &bytes[f.start..f.start + f.len];
+                let frame = f.frame(bytes);
                 let r = push_rx_ring(state.get_queue_mut(), &ring, &mut burst, &f.hdr, frame);
                 if let Pushed::Broken(e) = self.pushed(stats, q, r.map(drop), f.completed, f.len) {
                     dropped(frames.len() - k - 1);
