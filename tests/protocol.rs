@@ -480,18 +480,21 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     b.fe.get_vring_base(0).unwrap();
     b.set_up_ring_at(0, 0, rxr);
     enable(&mut b.fe, 0);
-    // B posts 2 KiB buffers, one per descriptor, and its RX path comes up (one frame in).
-    let post = |g: &Guest, ring: SplitLayout, i: u16, desc: RawDescriptor| {
+    let desc = |g: &Guest, ring: SplitLayout, i: u16, desc: RawDescriptor| {
         g.mem
             .write_obj(desc, GuestAddress(ring.desc + 16 * u64::from(i)))
             .unwrap();
+    };
+    let avail = |g: &Guest, ring: SplitLayout, slot: u16, head: u16| {
         g.mem
-            .write_obj(i, GuestAddress(ring.avail + 4 + 2 * u64::from(i % RING)))
+            .write_obj(head, GuestAddress(ring.avail + 4 + 2 * u64::from(slot % RING)))
             .unwrap();
     };
+    // B posts 2 KiB buffers, one per descriptor, and its RX path comes up (one frame in).
     let rx_buf = |i: u16| 0x10_0000 + 0x800 * u64::from(i);
     for i in 0..=N {
-        post(&b, rxr, i, d(rx_buf(i), 2048, F_WRITE, 0));
+        desc(&b, rxr, i, d(rx_buf(i), 2048, F_WRITE, 0));
+        avail(&b, rxr, i, i);
     }
     b.mem.write_obj(N + 1, GuestAddress(rxr.avail + 2)).unwrap();
     let tally = switch.tallies().register();
@@ -521,17 +524,9 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
         let at = 0x2_0000 + 0x1000 * u64::from(i);
         a.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
         a.mem.write_slice(f, GuestAddress(at + 0x100)).unwrap();
-        post(&a, txr, 2 * i, d(at, HDR as u32, F_NEXT, 2 * i + 1));
-        a.mem
-            .write_obj(
-                d(at + 0x100, f.len() as u32, 0, 0),
-                GuestAddress(txr.desc + 16 * u64::from(2 * i + 1)),
-            )
-            .unwrap();
-        // `post` put head 2i at avail slot 2i: it belongs at slot i.
-        a.mem
-            .write_obj(2 * i, GuestAddress(txr.avail + 4 + 2 * u64::from(i)))
-            .unwrap();
+        desc(&a, txr, 2 * i, d(at, HDR as u32, F_NEXT, 2 * i + 1));
+        desc(&a, txr, 2 * i + 1, d(at + 0x100, f.len() as u32, 0, 0));
+        avail(&a, txr, i, 2 * i);
     }
     a.mem.write_obj(N, GuestAddress(txr.avail + 2)).unwrap();
     a.kick[1].write(1).unwrap();

@@ -162,33 +162,32 @@ impl GuestPort {
             };
             let path = RxSnapshot { rx, steering, ready };
             self.route(path, tally, flow, pkt, segment, &mut |d, hdr, frame| {
-                if pinned && d.whole {
-                    // Its last destination: completed in place, and held where it lies.
-                    let Some((out, completed)) = self.guest_header(d, hdr, frame) else {
-                        return false;
-                    };
-                    frames.push(Staged {
-                        q: d.q,
-                        hdr: out,
-                        at: At::Pinned(frame.as_ptr()),
-                        len: frame.len(),
-                        completed,
-                    });
-                    return true;
-                }
+                // Pinned, to its last destination: held where it lies and completed there.
+                // Otherwise copied and completed on the copy, the caller's frame and
+                // header left as they were (a flood's later ports still get them).
+                let copied = !(pinned && d.whole);
                 let start = bytes.len();
-                bytes.extend_from_slice(frame);
-                // Completed on the copy: the caller's frame and header stay as they were.
+                let held: &mut [u8] = if copied {
+                    bytes.extend_from_slice(frame);
+                    &mut bytes[start..]
+                } else {
+                    frame
+                };
                 let mut h = *hdr;
-                let Some((out, completed)) = self.guest_header(d, &mut h, &mut bytes[start..]) else {
+                let Some((out, completed)) = self.guest_header(d, &mut h, held) else {
                     bytes.truncate(start);
                     return false;
                 };
                 frames.push(Staged {
                     q: d.q,
                     hdr: out,
-                    at: At::Copy(start),
-                    len: frame.len(),
+                    // The pointer is taken after the completion wrote through `held`.
+                    at: if copied {
+                        At::Copy(start)
+                    } else {
+                        At::Pinned(held.as_ptr())
+                    },
+                    len: held.len(),
                     completed,
                 });
                 true
