@@ -443,7 +443,7 @@ mod tests {
             }
         }
 
-        fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
+        fn send(&mut self, port: usize, pkt: &mut Packet<'_>) -> Forwarded {
             let mut from = Ingress {
                 port,
                 queue: 0,
@@ -451,25 +451,25 @@ mod tests {
                 routes: &mut self.routes,
                 bufs: &mut self.bufs,
             };
-            self.sw
-                .forward(&mut from, &mut Packet::new(VirtioNetHdr::default(), &mut f))
+            self.sw.forward(&mut from, pkt)
+        }
+
+        fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
+            self.send(port, &mut Packet::new(VirtioNetHdr::default(), &mut f))
         }
 
         /// [`Worker::go`] with the frame pinned; says whether it still is after.
         #[allow(unsafe_code)]
         fn go_pinned(&mut self, port: usize, mut f: Vec<u8>) -> (Forwarded, bool) {
-            let mut from = Ingress {
-                port,
-                queue: 0,
-                tally: &self.tally,
-                routes: &mut self.routes,
-                bufs: &mut self.bufs,
-            };
             // SAFETY: `f` lives, untouched, until after this call; no sink keeps a pointer.
             let mut pkt = unsafe { Packet::pinned(VirtioNetHdr::default(), &mut f) };
-            (self.sw.forward(&mut from, &mut pkt), pkt.is_pinned())
+            (self.send(port, &mut pkt), pkt.is_pinned())
         }
     }
+
+    /// Two stations the switch tests send between.
+    const A: &str = "02:00:00:00:00:0a";
+    const B: &str = "02:00:00:00:00:0b";
 
     /// Only a frame's last destination may hold it by pointer until the flush: the ports
     /// before it in a flood get it unpinned (the last may rewrite it in place), and so does
@@ -479,21 +479,19 @@ mod tests {
         let sw = Switch::new(4);
         let sinks = plug(&sw);
         let mut w = Worker::new(&sw);
-        let a = "02:00:00:00:00:0a";
-        let b = "02:00:00:00:00:0b";
         let pins = |s: &Sink| s.pinned.lock().unwrap().clone();
-        assert_eq!(w.go_pinned(0, frame(b, a)), (Forwarded::Flooded, true));
+        assert_eq!(w.go_pinned(0, frame(B, A)), (Forwarded::Flooded, true));
         assert_eq!(
             sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
             vec![vec![], vec![false], vec![false], vec![true]]
         );
         // b is learned on port 2; a unicast to it is pinned.
-        assert_eq!(w.go(2, frame(a, b)), Forwarded::Unicast(0));
-        assert_eq!(w.go_pinned(0, frame(b, a)), (Forwarded::Unicast(2), true));
+        assert_eq!(w.go(2, frame(A, B)), Forwarded::Unicast(0));
+        assert_eq!(w.go_pinned(0, frame(B, A)), (Forwarded::Unicast(2), true));
         assert_eq!(pins(&sinks[2]), vec![false, true]);
         assert_eq!(pins(&sinks[0]), vec![false]);
         // Not pinned by its sender: no port gets it pinned.
-        assert_eq!(w.go(1, frame("ff:ff:ff:ff:ff:ff", a)), Forwarded::Flooded);
+        assert_eq!(w.go(1, frame("ff:ff:ff:ff:ff:ff", A)), Forwarded::Flooded);
         assert_eq!(
             sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
             vec![
@@ -514,23 +512,21 @@ mod tests {
         let sw = Switch::new(3);
         let sinks = plug(&sw);
         let mut w = Worker::new(&sw);
-        let a = "02:00:00:00:00:0a";
-        let b = "02:00:00:00:00:0b";
         // Unknown destination: flooded to ports 1 and 2, never back to 0.
-        assert_eq!(w.go(0, frame(b, a)), Forwarded::Flooded);
+        assert_eq!(w.go(0, frame(B, A)), Forwarded::Flooded);
         assert_eq!(counts(&sinks), vec![0, 1, 1]);
         // b answers from port 2: a is known on 0, so only port 0 gets it.
-        assert_eq!(w.go(2, frame(a, b)), Forwarded::Unicast(0));
+        assert_eq!(w.go(2, frame(A, B)), Forwarded::Unicast(0));
         assert_eq!(counts(&sinks), vec![1, 1, 1]);
         // Broadcast floods; a frame for a station on its own port is dropped; so is a runt.
-        assert_eq!(w.go(0, frame("ff:ff:ff:ff:ff:ff", a)), Forwarded::Flooded);
-        assert_eq!(w.go(0, frame(a, "02:00:00:00:00:0c")), Forwarded::Dropped);
+        assert_eq!(w.go(0, frame("ff:ff:ff:ff:ff:ff", A)), Forwarded::Flooded);
+        assert_eq!(w.go(0, frame(A, "02:00:00:00:00:0c")), Forwarded::Dropped);
         assert_eq!(w.go(0, vec![0u8; 5]), Forwarded::Dropped);
     }
 
     /// A broadcast UDP frame whose IPv4 header checksum is wrong.
     fn bad_iph_frame() -> Vec<u8> {
-        let mut f = frame("ff:ff:ff:ff:ff:ff", "02:00:00:00:00:0a");
+        let mut f = frame("ff:ff:ff:ff:ff:ff", A);
         f.pop();
         f.extend_from_slice(&[
             0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0xde, 0xad, 10, 0, 0, 1, 10, 0, 0, 2,
