@@ -485,7 +485,7 @@ mod tests {
             sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
             vec![vec![], vec![false], vec![false], vec![true]]
         );
-        // b is learned on port 2; a unicast to it is pinned.
+        // B is learned on port 2; a unicast to it is pinned.
         assert_eq!(w.go(2, frame(A, B)), Forwarded::Unicast(0));
         assert_eq!(w.go_pinned(0, frame(B, A)), (Forwarded::Unicast(2), true));
         assert_eq!(pins(&sinks[2]), vec![false, true]);
@@ -515,7 +515,7 @@ mod tests {
         // Unknown destination: flooded to ports 1 and 2, never back to 0.
         assert_eq!(w.go(0, frame(B, A)), Forwarded::Flooded);
         assert_eq!(counts(&sinks), vec![0, 1, 1]);
-        // b answers from port 2: a is known on 0, so only port 0 gets it.
+        // B answers from port 2: A is known on 0, so only port 0 gets it.
         assert_eq!(w.go(2, frame(A, B)), Forwarded::Unicast(0));
         assert_eq!(counts(&sinks), vec![1, 1, 1]);
         // Broadcast floods; a frame for a station on its own port is dropped; so is a runt.
