@@ -652,10 +652,8 @@ fn a_guest_that_never_stops_sending_cannot_hold_a_disconnect() {
     g.mem.write_slice(&[0u8; HDR], GuestAddress(0x10_0000)).unwrap();
     g.mem.write_slice(&frame(60), GuestAddress(0x10_1000)).unwrap();
     let descs = [d_(0x10_0000, HDR as u32, F_NEXT, 1), d_(0x10_1000, 60, 0, 0)];
-    for (i, desc) in descs.iter().enumerate() {
-        g.mem
-            .write_obj(*desc, GuestAddress(ring.desc + 16 * i as u64))
-            .unwrap();
+    for (i, desc) in (0u16..).zip(descs) {
+        ring.put_desc(&g.mem, i, desc);
     }
     // Every avail entry names chain 0; the "driver" keeps the ring a whole ring ahead of
     // what the device has used, and kicks.

@@ -480,21 +480,11 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     b.fe.get_vring_base(0).unwrap();
     b.set_up_ring_at(0, 0, rxr);
     enable(&mut b.fe, 0);
-    let desc = |g: &Guest, ring: SplitLayout, i: u16, desc: RawDescriptor| {
-        g.mem
-            .write_obj(desc, GuestAddress(ring.desc + 16 * u64::from(i)))
-            .unwrap();
-    };
-    let avail = |g: &Guest, ring: SplitLayout, slot: u16, head: u16| {
-        g.mem
-            .write_obj(head, GuestAddress(ring.avail + 4 + 2 * u64::from(slot % RING)))
-            .unwrap();
-    };
     // B posts 2 KiB buffers, one per descriptor, and its RX path comes up (one frame in).
     let rx_buf = |i: u16| 0x10_0000 + 0x800 * u64::from(i);
     for i in 0..=N {
-        desc(&b, rxr, i, d(rx_buf(i), 2048, F_WRITE, 0));
-        avail(&b, rxr, i, i);
+        rxr.put_desc(&b.mem, i, d(rx_buf(i), 2048, F_WRITE, 0));
+        rxr.put_avail(&b.mem, i, i);
     }
     b.mem.write_obj(N + 1, GuestAddress(rxr.avail + 2)).unwrap();
     let tally = switch.tallies().register();
@@ -524,9 +514,9 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
         let at = 0x2_0000 + 0x1000 * u64::from(i);
         a.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
         a.mem.write_slice(f, GuestAddress(at + 0x100)).unwrap();
-        desc(&a, txr, 2 * i, d(at, HDR as u32, F_NEXT, 2 * i + 1));
-        desc(&a, txr, 2 * i + 1, d(at + 0x100, f.len() as u32, 0, 0));
-        avail(&a, txr, i, 2 * i);
+        txr.put_desc(&a.mem, 2 * i, d(at, HDR as u32, F_NEXT, 2 * i + 1));
+        txr.put_desc(&a.mem, 2 * i + 1, d(at + 0x100, f.len() as u32, 0, 0));
+        txr.put_avail(&a.mem, i, 2 * i);
     }
     a.mem.write_obj(N, GuestAddress(txr.avail + 2)).unwrap();
     a.kick[1].write(1).unwrap();
@@ -846,17 +836,12 @@ fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
     enable(&mut g.fe, 2);
     let base = 0x12_0000u64;
     g.mem.write_slice(&[0u8, 0, 0], GuestAddress(base)).unwrap();
-    g.mem
-        .write_obj(d(base, 3, F_NEXT, 1), GuestAddress(ring.desc))
-        .unwrap();
-    g.mem
-        .write_obj(d(base + 0x800, 1, F_WRITE, 0), GuestAddress(ring.desc + 16))
-        .unwrap();
+    ring.put_desc(&g.mem, 0, d(base, 3, F_NEXT, 1));
+    ring.put_desc(&g.mem, 1, d(base + 0x800, 1, F_WRITE, 0));
     let before = r.port.ctrl_stats.snapshot();
     for i in 0..200u16 {
         g.mem.write_obj(0xffu8, GuestAddress(base + 0x800)).unwrap();
-        let entry = ring.avail + 4 + 2 * u64::from(i % QSIZE);
-        g.mem.write_obj(0u16, GuestAddress(entry)).unwrap();
+        ring.put_avail(&g.mem, i, 0);
         g.mem.write_obj(i + 1, GuestAddress(ring.avail + 2)).unwrap();
         // Kick only where the device asks for it (VRING_USED_F_NO_NOTIFY clear).
         let flags: u16 = g.mem.read_obj(GuestAddress(ring.used)).unwrap();

@@ -11,7 +11,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
     MmapRegion,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -44,6 +44,19 @@ impl SplitLayout {
             used,
             size,
         }
+    }
+
+    /// Writes descriptor `i` of the table, as a driver fills it.
+    pub fn put_desc(&self, mem: &GuestMemoryMmap, i: u16, desc: RawDescriptor) {
+        mem.write_obj(desc, GuestAddress(self.desc + 16 * u64::from(i)))
+            .unwrap();
+    }
+
+    /// Names chain `head` at avail position `pos` (modulo the ring's size). The avail index
+    /// is the caller's to move.
+    pub fn put_avail(&self, mem: &GuestMemoryMmap, pos: u16, head: u16) {
+        let entry = self.avail + 4 + 2 * u64::from(pos % self.size);
+        mem.write_obj(head, GuestAddress(entry)).unwrap();
     }
 }
 
