@@ -29,7 +29,16 @@ cleanup() {
     local rc=$?
     # Clean-up must run to the end even where a kill finds nothing left to kill.
     set +e
-    local p
+    local p d
+    # A failure's first clue is often in the daemon's counters (a drop, a refused frame):
+    # read them from every daemon still running, before anything is stopped.
+    if ((rc != 0)) && [[ -d $RUN_DIR ]]; then
+        for d in "${!DAEMON_PID[@]}"; do
+            kill -0 "${DAEMON_PID[$d]}" 2>/dev/null || continue
+            timeout 5 "$VNIC_BIN" ctl --control "$RUN_DIR/$d.ctl" stats >"$RUN_DIR/$d-stats.json" 2>/dev/null \
+                || rm -f "$RUN_DIR/$d-stats.json"
+        done
+    fi
     for p in "${PIDS[@]}"; do
         kill "$p" 2>/dev/null
     done
@@ -45,6 +54,16 @@ cleanup() {
             [[ -f $f ]] || continue
             echo "----- $(basename "$f") (last 25 lines)" >&2
             tail -n 25 "$f" | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' >&2
+        done
+        for f in "$RUN_DIR"/*-stats.json; do
+            [[ -f $f ]] || continue
+            echo "----- $(basename "$f" .json): each port's non-zero totals when the test failed" >&2
+            python3 -c '
+import json, sys
+for p in json.load(open(sys.argv[1]))["ports"]:
+    t = p.get("totals", {})
+    print("port %s: %s" % (p["id"], " ".join("%s=%s" % (k, v) for k, v in t.items() if v)))
+' "$f" >&2
         done
     else
         rm -rf "$RUN_DIR"
