@@ -1,13 +1,12 @@
 //! The control queue's round trip between two cores, as a guest driver sees it: one thread
 //! plays the Linux driver (writes the command and its indirect descriptor table, publishes
 //! the avail index, spins on the used index, reads the ack), the other serves the ring with
-//! the daemon's pieces (`pop_ctrl`, `NicState::parse`, ack, `add_used`, `NicState::execute`,
-//! eviction) while polling the avail index, as the control thread does after a command. The
-//! time is the driver's, per command: what a join waits for, without TCG and QEMU around it.
-//! Two baselines, each in the same run as the daemon's way: serving without prefetching the
-//! next command's lines (`NextLines`), and applying a table set before answering it. The
-//! prefetch and the eviction are what a build with the `ctrl-cache-hints` feature does; a
-//! default build does neither, which the "no prefetch" baseline comes closest to.
+//! the daemon's pieces (`pop_ctrl`, `NicState::parse`, ack, `add_used`, `NicState::execute`)
+//! while polling the avail index, as the control thread does after a command. The time is
+//! the driver's, per command: what a join waits for, without TCG and QEMU around it. The
+//! baseline, in the same run as the daemon's way, applies a table set before answering it;
+//! the daemon answers first (ctrl_queue.rs). PROMISC, which is applied before its answer
+//! either way, is the control row: its ratio is the run's noise.
 //!
 //! cargo bench --bench ctrl
 
@@ -20,12 +19,11 @@ use std::time::Instant;
 use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{FilterRegs, Layout};
 use dpaa_vnic::device::NicState;
-use dpaa_vnic::ports::vhost_user::evict::NextLines;
-use dpaa_vnic::ports::vhost_user::queue::{indirect_table, pop_ctrl};
+use dpaa_vnic::ports::vhost_user::pop_ctrl;
 use dpaa_vnic::wire::MacAddr;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const QSIZE: u16 = 64;
 const DESC: u64 = 0x1_0000;
@@ -113,16 +111,9 @@ fn drive(mem: &GuestMemoryMmap, cmd: Cmd, k: u16) {
     assert_eq!(ack, 0, "command {k} refused");
 }
 
-/// What the baseline leaves out of the daemon's way of serving.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Baseline {
-    NoPrefetch,
-    ApplyFirst,
-}
-
 /// The daemon's side: poll the avail index, serve what arrives, until `stop`; as the daemon
-/// does while `shipped` is set, else without what `baseline` names.
-fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baseline: Baseline) {
+/// does while `shipped` is set, else applying a table set before its answer.
+fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool) {
     let mac = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
     let feat = Negotiated { bits: offered(1) };
     let mut nic = NicState::new(mac, 1, Arc::new(FilterRegs::new(Layout::Memac, mac)), 4096);
@@ -133,22 +124,17 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baselin
     q.try_set_used_ring_address(GuestAddress(USED)).unwrap();
     q.set_ready(true);
     let mut buf = Vec::new();
-    let mut next = NextLines::default();
     while !stop.load(Ordering::Relaxed) {
         let idx = u16::from_le(mem.load(GuestAddress(AVAIL + 2), Ordering::Acquire).unwrap());
         if idx == q.next_avail() {
             std::hint::spin_loop();
             continue;
         }
-        let as_shipped = shipped.load(Ordering::Relaxed);
-        if as_shipped || baseline != Baseline::NoPrefetch {
-            next.prefetch(mem);
-        }
+        let answer_first = shipped.load(Ordering::Relaxed);
         let Some((head, chain)) = pop_ctrl(&mut q, mem, &mut buf, 1 << 20).unwrap() else {
             continue;
         };
         let c = chain.unwrap();
-        let answer_first = as_shipped || baseline != Baseline::ApplyFirst;
         let (ack, later) = match nic.parse(&feat, &buf[..c.len]) {
             Ok(table) if answer_first && table.is_table_set() => (0u8, Some(table)),
             Ok(cmd) => {
@@ -163,9 +149,6 @@ fn serve(mem: &GuestMemoryMmap, stop: &AtomicBool, shipped: &AtomicBool, baselin
         if let Some(table) = later {
             nic.execute(table);
         }
-        let desc = GuestAddress(DESC).checked_add(16 * u64::from(head));
-        next.note(desc, desc.and_then(|d| indirect_table(mem, d)), Some(ack_addr));
-        c.evict.evict(mem);
     }
     black_box(&nic);
 }
@@ -182,7 +165,7 @@ fn pin(cpu: usize) {
     }
 }
 
-/// Blocks of commands timed with and without the prefetch, alternating (and alternating
+/// Blocks of commands timed both ways, alternating (and alternating
 /// which goes first), so that both see the same machine: on this shared host the same
 /// round trip measures 0.8 or 1.5 us depending on where the host runs the two CPUs.
 const ROUNDS: usize = 200;
@@ -200,11 +183,10 @@ fn main() {
         "{:<22} {:>20} {:>14} {:>14} {:>20}",
         "command", "baseline", "its time", "as shipped", "per-round ratio"
     );
-    for (name, cmd, baseline) in [
-        ("PROMISC off", Cmd::Promisc, Baseline::NoPrefetch),
-        ("MAC_TABLE_SET 1000", Cmd::Table(1000), Baseline::NoPrefetch),
-        ("MAC_TABLE_SET 1000", Cmd::Table(1000), Baseline::ApplyFirst),
-        ("MAC_TABLE_SET 10000", Cmd::Table(10000), Baseline::ApplyFirst),
+    for (name, cmd) in [
+        ("PROMISC off", Cmd::Promisc),
+        ("MAC_TABLE_SET 1000", Cmd::Table(1000)),
+        ("MAC_TABLE_SET 10000", Cmd::Table(10000)),
     ] {
         let mem = mem();
         let stop = AtomicBool::new(false);
@@ -213,7 +195,7 @@ fn main() {
         thread::scope(|s| {
             s.spawn(|| {
                 pin(1);
-                serve(&mem, &stop, &shipped, baseline)
+                serve(&mem, &stop, &shipped)
             });
             let mut k = 0u16;
             let mut block = |with: bool| {
@@ -244,10 +226,7 @@ fn main() {
             }
             stop.store(true, Ordering::Relaxed);
         });
-        let base = match baseline {
-            Baseline::NoPrefetch => "no prefetch",
-            Baseline::ApplyFirst => "applied, then acked",
-        };
+        let base = "applied, then acked";
         println!(
             "{:<22} {:>20} {:>11.0} ns {:>11.0} ns {:>20.3}",
             name,

@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dpaa_vnic::pipeline::router::Neighbours;
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
-use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
+use dpaa_vnic::pipeline::{Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::checksum::checksum;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
@@ -23,10 +23,28 @@ use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 struct Counter(AtomicU64);
 
 impl Egress for Counter {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
-        self.0.fetch_add(pkt.frame.len() as u64, Ordering::Relaxed);
-        tally.at(1, flow).tx_packets.inc();
+    fn write(&self, tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {
+        let mut n = 0;
+        while let Some(f) = frames.next() {
+            self.0.fetch_add(f.pkt.frame.len() as u64, Ordering::Relaxed);
+            tally.at(1, f.flow).tx_packets.inc();
+            n += 1;
+        }
+        n
     }
+}
+
+/// Forwards one frame from `from` and writes it out, as a worker's outbox would (here one
+/// write per frame, where a worker writes up to 64 at once).
+fn forward_one(sw: &Switch, from: &mut Ingress<'_>, bufs: &mut OutboxBuffers, frame: &mut [u8]) {
+    let rules = sw.rules().load();
+    let mut out = sw.outbox(from.tally, bufs);
+    black_box(sw.forward(
+        &rules,
+        from,
+        Packet::new(VirtioNetHdr::default(), frame),
+        &mut out,
+    ));
 }
 
 /// A unicast IPv4/UDP frame of `len` bytes from port 0's station to port 1's.
@@ -60,20 +78,19 @@ fn udp_frame(len: usize) -> Vec<u8> {
 /// Sends `template` into the switch from port 0, one copy per iteration (the router
 /// rewrites the frame it routes, so each iteration starts from the same bytes).
 fn forward_from_port0(b: &mut criterion::Bencher<'_>, sw: &Switch, tally: &Tally, template: &[u8]) {
-    let mut routes = RouteCache::default();
-    let mut bufs = Buffers::default();
+    let (mut routes, mut originated, mut bufs) =
+        (RouteCache::default(), Vec::new(), OutboxBuffers::default());
     let mut from = Ingress {
         port: 0,
         queue: 0,
         tally,
         routes: &mut routes,
-        bufs: &mut bufs,
+        originated: &mut originated,
     };
     let mut frame = template.to_vec();
     b.iter(|| {
         frame.copy_from_slice(template);
-        let mut p = Packet::new(VirtioNetHdr::default(), &mut frame);
-        black_box(sw.forward(&mut from, &mut p))
+        forward_one(sw, &mut from, &mut bufs, &mut frame)
     })
 }
 
@@ -94,8 +111,8 @@ fn bench_forward(c: &mut Criterion) {
                 sw.attach(i, s.clone());
             }
             let tally = sw.tallies().register();
-            let mut routes = RouteCache::default();
-            let mut bufs = Buffers::default();
+            let (mut routes, mut originated, mut bufs) =
+                (RouteCache::default(), Vec::new(), OutboxBuffers::default());
             // Teach the switch where port 1's station is.
             let mut hello = udp_frame(64);
             hello[..6].copy_from_slice(&[0xff; 6]);
@@ -105,9 +122,9 @@ fn bench_forward(c: &mut Criterion) {
                 queue: 0,
                 tally: &tally,
                 routes: &mut routes,
-                bufs: &mut bufs,
+                originated: &mut originated,
             };
-            sw.forward(&mut from1, &mut Packet::new(VirtioNetHdr::default(), &mut hello));
+            forward_one(&sw, &mut from1, &mut bufs, &mut hello);
             let frame = udp_frame(size);
             g.bench_function(name, |b| forward_from_port0(b, &sw, &tally, &frame));
         }
@@ -172,16 +189,17 @@ fn bench_routed(c: &mut Criterion) {
     let tally = sw.tallies().register();
     // One frame first, to check it is routed (asserted here, not after the benchmark,
     // which a filter on the command line may skip).
-    let (mut routes, mut bufs) = (RouteCache::default(), Buffers::default());
+    let (mut routes, mut originated, mut bufs) =
+        (RouteCache::default(), Vec::new(), OutboxBuffers::default());
     let mut from = Ingress {
         port: 0,
         queue: 0,
         tally: &tally,
         routes: &mut routes,
-        bufs: &mut bufs,
+        originated: &mut originated,
     };
     let mut first = template.clone();
-    sw.forward(&mut from, &mut Packet::new(VirtioNetHdr::default(), &mut first));
+    forward_one(&sw, &mut from, &mut bufs, &mut first);
     assert!(
         sinks[1].0.load(Ordering::Relaxed) > 0,
         "the frame was routed to port 1"
@@ -195,19 +213,18 @@ fn bench_routed(c: &mut Criterion) {
 /// What one parse of a frame's headers costs next to what the pipeline does with them
 /// (issue 17, "parse once"): one parse alone, a checksum action's whole update (its parse,
 /// then the sums), and three stages that look into one frame (RSS over two queues, then
-/// two egress actions, the second matching on the protocol) sharing the packet's layout,
-/// against each stage parsing for itself as they did before the layout. IPv4 and an IPv6
+/// two egress actions, the second matching on the protocol) sharing the packet's layers,
+/// against each stage parsing for itself as they did before the layers. IPv4 and an IPv6
 /// frame with a hop-by-hop header, whose extension-header walk each parse repeats.
 fn bench_parse(c: &mut Criterion) {
     use dpaa_vnic::device::rss::Steering;
     use dpaa_vnic::pipeline::csum_action::{self, update, CsumAction, Targets};
-    use dpaa_vnic::wire::ip;
-    use dpaa_vnic::wire::layout::Layout;
+    use dpaa_vnic::wire::layers::Layers;
     let mut g = c.benchmark_group("parse/64B");
     g.throughput(Throughput::Elements(1));
     let template = udp_frame(64);
-    g.bench_function("Layout::parse (one parse of the IPv4 header)", |b| {
-        b.iter(|| black_box(Layout::parse(black_box(&template))))
+    g.bench_function("Layers::parse (one parse of the IPv4 header)", |b| {
+        b.iter(|| black_box(Layers::parse(black_box(&template))))
     });
     let targets: Targets = "iph+udp".parse().unwrap();
     let hdr = VirtioNetHdr::default();
@@ -225,10 +242,10 @@ fn bench_parse(c: &mut Criterion) {
     .collect();
     for (family, template) in [("IPv4", template.clone()), ("IPv6+HBH", udp6_hbh_frame())] {
         let mut frame = template.clone();
-        g.bench_function(format!("{family}: rss + 2 actions, one layout"), |b| {
+        g.bench_function(format!("{family}: rss + 2 actions, one layers"), |b| {
             b.iter(|| {
                 let mut pkt = Packet::new(hdr, black_box(&mut frame));
-                let l = pkt.layout();
+                let l = pkt.layers();
                 black_box(steering.steer_by(&l, pkt.frame));
                 black_box(csum_action::run(&actions, &mut pkt))
             })
@@ -241,7 +258,7 @@ fn bench_parse(c: &mut Criterion) {
                 for a in &actions {
                     // The match's own parse, as `CsumAction::matches` did.
                     if a.proto.is_some() {
-                        black_box(ip::addresses(f));
+                        black_box(Layers::parse(f).addresses(f));
                     }
                     black_box(update(f, a.update, &hdr)).ok();
                 }

@@ -1,257 +1,22 @@
-//! The command line and the validated daemon configuration built from it.
+//! The daemon's configuration, checked: built from the command line (`cli.rs`) by
+//! `TryFrom<RunArgs>`, every check with its own [`ConfigError`].
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 
+use crate::cli::{RunArgs, MAX_QUEUE_PAIRS};
 use crate::control::qmp::QmpSpec;
-use crate::device::filter::model::DEFAULT_EXACT_LIMIT;
 use crate::device::filter::Layout;
-use crate::device::snoop::DEFAULT_MAX_GROUPS;
 use crate::pipeline::csum_action::CsumAction;
-use crate::pipeline::fdb::DEFAULT_PORT_LIMIT;
-use crate::pipeline::router::neigh::DEFAULT_NEIGH_LIMIT;
 use crate::pipeline::router::{Route, RouterIf};
 use crate::pipeline::rules::NamesPort;
 use crate::pipeline::source_lock::MacLock;
 use crate::ports::poll::PollConfig;
-use crate::ports::vhost_user::CtrlTuning;
+use crate::ports::vhost_user::Snooping;
 use crate::unix_socket::SocketAccess;
 use crate::wire::MacAddr;
-
-/// Most queue pairs: 2N data queues plus the control queue must fit vhost-user-backend's
-/// 64-bit per-thread queue masks.
-pub const MAX_QUEUE_PAIRS: u16 = 31;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "dpaa-vnic",
-    version,
-    about = "vhost-user virtio-net backend modelled on NXP DPAA (FMan)"
-)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
-    #[command(flatten)]
-    pub run: RunArgs,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Query a running daemon over its control socket.
-    Ctl(CtlArgs),
-    /// Writes the man pages or shell completions into DIR (for packaging: scripts/install).
-    #[command(hide = true)]
-    Generate {
-        #[command(subcommand)]
-        what: Generated,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Generated {
-    /// dpaa-vnic.1 and a page per subcommand (clap_mangen).
-    Man { dir: PathBuf },
-    /// The completion script for SHELL (clap_complete).
-    Completions {
-        shell: clap_complete::Shell,
-        dir: PathBuf,
-    },
-}
-
-#[derive(Debug, Args)]
-pub struct CtlArgs {
-    /// The daemon's --control socket.
-    #[arg(long, value_name = "PATH")]
-    pub control: PathBuf,
-    #[command(subcommand)]
-    pub what: CtlCommand,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum CtlCommand {
-    /// Per-port, per-queue counters and totals (JSON).
-    Stats,
-    /// Per-port rx mode and MAC tables (JSON).
-    Filter,
-    /// Checksum actions: list, add or delete them while traffic runs.
-    Action {
-        #[command(subcommand)]
-        op: ListAddDel,
-    },
-    /// Static routes: list (with router interfaces and neighbours), add or delete them.
-    Route {
-        #[command(subcommand)]
-        op: ListAddDel,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ListAddDel {
-    List,
-    /// Adds one, e.g. `port=0,dir=egress,update=iph+udp` or `10.9.0.0/16,via=10.2.0.2`.
-    Add {
-        spec: String,
-    },
-    /// Removes the one with this exact spec.
-    Del {
-        spec: String,
-    },
-}
-
-impl ListAddDel {
-    /// The control-socket command and argument: `<what>-list|add|del`.
-    pub fn request(&self, what: &str) -> (String, Option<&str>) {
-        match self {
-            ListAddDel::List => (format!("{what}-list"), None),
-            ListAddDel::Add { spec } => (format!("{what}-add"), Some(spec)),
-            ListAddDel::Del { spec } => (format!("{what}-del"), Some(spec)),
-        }
-    }
-}
-
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// vhost-user socket to serve (`--socket-path` in QEMU's backend conventions); repeat
-    /// for more guest ports (ports 0, 1, ... in order).
-    #[arg(long = "socket", visible_alias = "socket-path", value_name = "PATH")]
-    pub sockets: Vec<PathBuf>,
-    /// A listening vhost-user socket the daemon inherits as descriptor N (systemd socket
-    /// activation, libvirt, a jailer), instead of --socket; repeat for more guest ports. The
-    /// daemon never removes its file.
-    #[arg(long = "fd", value_name = "N", conflicts_with = "sockets")]
-    pub fds: Vec<RawFd>,
-    /// Connect to each --socket, where the frontend listens (QEMU: `-chardev
-    /// socket,path=PATH,server=on`), instead of listening there; connect again whenever the
-    /// frontend goes away.
-    #[arg(long, conflicts_with = "fds")]
-    pub client: bool,
-    /// Print the backend's capabilities as QEMU's vhost-user.json schema describes them, and
-    /// exit; other arguments are ignored.
-    #[arg(long)]
-    pub print_capabilities: bool,
-    /// Host tap device to join to the switch (created if missing); it is the last port.
-    #[arg(long, value_name = "IFNAME")]
-    pub tap: Option<String>,
-    /// Queue pairs per port (one worker thread each).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub queues: u16,
-    /// MAC address served in config space, one per --socket in order (default 52:54:00:d0:aa:NN).
-    #[arg(long = "mac", value_name = "MAC")]
-    pub macs: Vec<MacAddr>,
-    /// MTU served in config space.
-    #[arg(long, default_value_t = 1500)]
-    pub mtu: u16,
-    /// Unix socket for `dpaa-vnic ctl`.
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
-    /// Receive filter of every guest port: memac (64 hash buckets), dtsec (256 unicast +
-    /// 256 multicast buckets), dtsec-ext (512 multicast buckets) or exact.
-    #[arg(long, default_value = "memac", value_name = "LAYOUT")]
-    pub filter: Layout,
-    /// Multicast entries the exact filter keeps before it falls back to allmulti.
-    #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
-    pub exact_limit: usize,
-    /// Microseconds the control queue keeps polling for the next command after serving one
-    /// (0: sleep until kicked). Spends CPU only while a guest is sending commands; the
-    /// default covers the gaps between a Linux guest's commands (docs/benchmarks.md, "The
-    /// polling window").
-    #[arg(long, default_value_t = 1000, value_name = "US")]
-    pub ctrl_poll_us: u64,
-    /// Opt-in: SCHED_FIFO priority (1-99) the control-queue thread sleeps at, so that a
-    /// guest's kick runs it at once even on the guest's own busy CPU; it drops to normal
-    /// priority as soon as the command is served and never polls at it. 0 (the default): the
-    /// daemon never changes its scheduling policy. Needs CAP_SYS_NICE or RLIMIT_RTPRIO, and a
-    /// build with `--features ctrl-placement`.
-    #[arg(long, default_value_t = 0, value_name = "PRIO")]
-    pub ctrl_wake_priority: u8,
-    /// Opt-in: after a wake-up, move the control-queue thread off a CPU where one of the
-    /// frontend's threads (read from /proc/PID/task) is runnable. Off (the default): the
-    /// daemon never changes its CPU affinity; pin it with taskset, systemd or libvirt. Needs a
-    /// build with `--features ctrl-placement`.
-    #[arg(long)]
-    pub ctrl_placement: bool,
-    /// Opt-in poll mode: N threads busy-poll the guests' TX queues (queues spread over them
-    /// in turn) and carry each frame to its destination, with no kick or wake-up, as DPDK's
-    /// PMD threads do. Each thread keeps a whole CPU busy even when no frame passes; where
-    /// they run is left to taskset, systemd or libvirt. Default: event-driven
-    #[arg(long, value_name = "N", conflicts_with = "poll_cpus")]
-    pub poll: Option<usize>,
-    /// Opt-in poll mode with one thread per listed CPU, each pinned to its CPU (e.g. `2,3`
-    /// or `2-5`); otherwise as --poll
-    #[arg(long, value_name = "LIST")]
-    pub poll_cpus: Option<String>,
-    /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
-    /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
-    /// NIC when QEMU has several. Repeat for more ports.
-    #[arg(long = "qmp", value_name = "PATH[,port=N][,nic=ID]")]
-    pub qmp: Vec<QmpSpec>,
-    /// Net attachment: learn each guest's multicast groups from its own IGMP v1/v2/v3 and
-    /// MLD v1/v2 reports and filter to exactly those (QEMU's own table stops at 64).
-    #[arg(long)]
-    pub snoop: bool,
-    /// With --snoop: forget a group no report refreshed for this many seconds (0: keep it
-    /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
-    #[arg(long, default_value_t = 0, value_name = "SECS")]
-    pub snoop_timeout: u64,
-    /// With --snoop: groups one guest may hold; joins beyond are ignored and counted
-    /// (`snoop_groups_refused`).
-    #[arg(long, default_value_t = DEFAULT_MAX_GROUPS, value_name = "N")]
-    pub snoop_max_groups: usize,
-    /// Checksum offload on the tap: `on` passes partial checksums both ways (fast); `off`
-    /// completes them, so the host and captures on the tap see only final checksums.
-    #[arg(long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
-    pub tap_csum: String,
-    /// Checksum action (tc act_csum semantics):
-    /// `port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX]`.
-    /// Ports are numbered in --socket order, the tap last. Repeat for several.
-    #[arg(long = "csum-action", value_name = "SPEC")]
-    pub csum_actions: Vec<CsumAction>,
-    /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics. A bare PORT
-    /// listens on 127.0.0.1; ADDR may be a host name (`localhost`). A wildcard address
-    /// (0.0.0.0, [::]) needs --metrics-wildcard.
-    #[arg(long, value_name = "[ADDR:]PORT")]
-    pub metrics: Option<String>,
-    /// Let --metrics listen on a wildcard address, reachable from every interface.
-    #[arg(long)]
-    pub metrics_wildcard: bool,
-    /// Permission bits of the sockets the daemon creates (--socket, --control), octal; the
-    /// owner must keep read and write. With a group (--socket-group), 0660 lets a `qemu` or
-    /// `libvirt-qemu` user in.
-    #[arg(long, default_value = "0600", value_name = "MODE")]
-    pub socket_mode: String,
-    /// Group (name or gid) given to the sockets the daemon creates.
-    #[arg(long, value_name = "GROUP")]
-    pub socket_group: Option<String>,
-    /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24` or
-    /// `1=fd00:2::1/64`: it answers ARP / neighbour solicitations for it there and routes
-    /// between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
-    #[arg(long = "router-ip", value_name = "PORT=ADDR/PREFIX")]
-    pub router_ips: Vec<RouterIf>,
-    /// A static route: `PREFIX,via=ADDR` (gateway on a connected prefix) or `PREFIX,port=N`
-    /// (on-link out of port N). Needs --router-ip. Repeat.
-    #[arg(long = "route", value_name = "PREFIX,via=ADDR|port=N")]
-    pub routes: Vec<Route>,
-    /// Which source MACs a guest may send from (as `spoofchk` on an SR-IOV NIC): `auto`
-    /// locks a guest to the MAC served in config space (device attachment) and leaves the
-    /// net attachment open, where QEMU owns the MAC; `sticky` also locks a net-attachment
-    /// guest to the first unicast source it sends from; `off` never locks. Refused frames
-    /// count in `tx_spoofed`.
-    #[arg(long, default_value = "auto", value_name = "auto|sticky|off")]
-    pub port_mac_lock: MacLock,
-    /// Addresses the switch learns per port at most; beyond it a port's new source
-    /// addresses are not learned (`fdb_refused`), so a guest flooding random sources cannot
-    /// evict the others' stations.
-    #[arg(long, default_value_t = DEFAULT_PORT_LIMIT, value_name = "N")]
-    pub fdb_limit: usize,
-    /// Router neighbours (ARP / NDP) kept per port at most; beyond it new ones are refused
-    /// (`neigh_refused`) until entries age out (5 minutes without a message from them).
-    #[arg(long, default_value_t = DEFAULT_NEIGH_LIMIT, value_name = "N")]
-    pub neigh_limit: usize,
-}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -291,12 +56,6 @@ pub enum ConfigError {
     SnoopAndQmp(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
-    #[error("--ctrl-wake-priority {0} is out of range 0..=99")]
-    CtrlWakePriority(u8),
-    #[error(
-        "{0} needs a build with the ctrl-placement feature (cargo build --release --features ctrl-placement)"
-    )]
-    NotBuilt(&'static str),
     #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
     Port {
         what: &'static str,
@@ -328,13 +87,6 @@ pub enum ConfigError {
     ExactLimit(usize),
 }
 
-/// `--print-capabilities`: what QEMU's vhost-user.json schema (`VHostUserBackendCapabilities`,
-/// QEMU 4.0 and later) lets a net backend report, its type; the schema defines no features
-/// for `net`.
-pub fn capabilities() -> serde_json::Value {
-    serde_json::json!({ "type": "net" })
-}
-
 /// How a guest port meets its frontend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -362,10 +114,10 @@ pub struct Config {
     pub control: Option<PathBuf>,
     pub filter: Layout,
     pub exact_limit: usize,
-    pub ctrl: CtrlTuning,
+    /// How long the control thread polls its ring after a command (`--ctrl-poll-us`).
+    pub ctrl_poll: std::time::Duration,
     pub qmp: Vec<QmpSpec>,
-    /// `Some(timeout)` when snooping; the inner `None` keeps groups until left.
-    pub snoop: Option<Option<std::time::Duration>>,
+    pub snoop: Snooping,
     pub csum_actions: Vec<CsumAction>,
     pub tap_csum: bool,
     pub metrics: Option<std::net::SocketAddr>,
@@ -469,8 +221,20 @@ fn default_mac(i: usize) -> MacAddr {
     MacAddr([0x52, 0x54, 0x00, 0xd0, 0xaa, (i as u8).wrapping_add(1)])
 }
 
-impl RunArgs {
-    /// The guest ports, their MACs and sizes, the tap and the QMP followers.
+/// What `RunArgs` holds that clap cannot check: the guest ports, their MACs and sizes, the
+/// tap and the QMP followers; options with a range and the ones that go together; rules
+/// that name ports.
+struct Checks<'a>(&'a RunArgs);
+
+impl std::ops::Deref for Checks<'_> {
+    type Target = RunArgs;
+
+    fn deref(&self) -> &RunArgs {
+        self.0
+    }
+}
+
+impl Checks<'_> {
     /// Guest ports: one per --socket, or one per --fd (clap refuses both at once).
     fn guest_count(&self) -> usize {
         self.sockets.len() + self.fds.len()
@@ -530,17 +294,6 @@ impl RunArgs {
         if self.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(self.ctrl_poll_us));
         }
-        if self.ctrl_wake_priority > 99 {
-            return Err(ConfigError::CtrlWakePriority(self.ctrl_wake_priority));
-        }
-        if !cfg!(feature = "ctrl-placement") {
-            if self.ctrl_placement {
-                return Err(ConfigError::NotBuilt("--ctrl-placement"));
-            }
-            if self.ctrl_wake_priority > 0 {
-                return Err(ConfigError::NotBuilt("--ctrl-wake-priority"));
-            }
-        }
         if self.fdb_limit == 0 || self.neigh_limit == 0 || self.snoop_max_groups == 0 {
             return Err(ConfigError::Limit);
         }
@@ -572,9 +325,10 @@ impl TryFrom<RunArgs> for Config {
     type Error = ConfigError;
 
     fn try_from(a: RunArgs) -> Result<Self, Self::Error> {
-        a.check_ports()?;
-        a.check_options()?;
-        a.check_rules()?;
+        let checks = Checks(&a);
+        checks.check_ports()?;
+        checks.check_options()?;
+        checks.check_rules()?;
         let metrics = a
             .metrics
             .as_deref()
@@ -605,15 +359,15 @@ impl TryFrom<RunArgs> for Config {
             control: a.control,
             filter: a.filter,
             exact_limit: a.exact_limit,
-            ctrl: CtrlTuning {
-                poll: std::time::Duration::from_micros(a.ctrl_poll_us),
-                wake_priority: a.ctrl_wake_priority,
-                placement: a.ctrl_placement,
-            },
+            ctrl_poll: std::time::Duration::from_micros(a.ctrl_poll_us),
             qmp: a.qmp,
-            snoop: a
-                .snoop
-                .then(|| (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout))),
+            snoop: if a.snoop {
+                Snooping::On {
+                    expiry: (a.snoop_timeout > 0).then(|| std::time::Duration::from_secs(a.snoop_timeout)),
+                }
+            } else {
+                Snooping::Off
+            },
             csum_actions: a.csum_actions,
             tap_csum: a.tap_csum == "on",
             metrics,
@@ -645,6 +399,8 @@ fn check_named_ports<T: NamesPort>(what: &'static str, items: &[T], ports: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
         let cli = Cli::try_parse_from(std::iter::once("dpaa-vnic").chain(args.iter().copied())).unwrap();
@@ -659,9 +415,8 @@ mod tests {
         assert_eq!(c.guests[1].mac.to_string(), "52:54:00:d0:aa:02");
         assert_eq!(c.socket_access, SocketAccess::default());
         assert_eq!(c.metrics, None);
-        // Nothing about the daemon's scheduling changes unless asked for.
-        assert_eq!(c.ctrl.wake_priority, 0);
-        assert!(!c.ctrl.placement);
+        assert_eq!(c.ctrl_poll, std::time::Duration::from_millis(1));
+        assert_eq!(c.snoop, Snooping::Off);
         // Event-driven unless poll mode is asked for.
         assert_eq!(c.poll, None);
     }
@@ -706,28 +461,6 @@ mod tests {
     #[test]
     fn rejects_bad_values() {
         assert_eq!(parse(&[]), Err(ConfigError::NoSocket));
-        assert_eq!(
-            parse(&["--socket", "a", "--ctrl-wake-priority", "100"]),
-            Err(ConfigError::CtrlWakePriority(100))
-        );
-        let opted_in = parse(&["--socket", "a", "--ctrl-wake-priority", "1", "--ctrl-placement"]);
-        if cfg!(feature = "ctrl-placement") {
-            assert_eq!(
-                opted_in.map(|c| c.ctrl),
-                Ok(CtrlTuning {
-                    poll: std::time::Duration::from_millis(1),
-                    wake_priority: 1,
-                    placement: true
-                })
-            );
-        } else {
-            // Without the feature the options are refused, never silently ignored.
-            assert_eq!(opted_in, Err(ConfigError::NotBuilt("--ctrl-placement")));
-            assert_eq!(
-                parse(&["--socket", "a", "--ctrl-wake-priority", "1"]),
-                Err(ConfigError::NotBuilt("--ctrl-wake-priority"))
-            );
-        }
         assert_eq!(
             parse(&["--socket", "a", "--queues", "0"]),
             Err(ConfigError::Queues(0))
@@ -783,6 +516,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.csum_actions[0].port, 1);
+    }
+
+    #[test]
+    fn rejects_bad_limits_and_sockets() {
         assert_eq!(
             parse(&["--socket", "a", "--exact-limit", "0"]),
             Err(ConfigError::ExactLimit(0))

@@ -25,9 +25,10 @@ use crate::pipeline::rules::Rules;
 use crate::pipeline::Switch;
 use crate::ports::poll::{PollError, PollGroup};
 use crate::ports::tap::{TapError, TapPort};
-use crate::ports::vhost_user::{FilterConfig, GuestPort, VhostPortError};
+use crate::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
 use crate::stop::{self, Stop, Stoppable};
 use crate::unix_socket;
+use crate::unix_socket::SocketError;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -35,7 +36,7 @@ pub enum StartError {
     Port {
         port: usize,
         #[source]
-        source: VhostPortError,
+        source: SocketError,
     },
     #[error("tap port")]
     Tap(#[source] TapError),
@@ -165,25 +166,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         started.servers.push(t);
     }
     for (port, listener) in listeners {
-        let (id, stop) = (port.id, stop.clone());
-        let waker = port.clone();
-        // Woken by ending its connection; a listener's thread also by a knock on its socket,
-        // so that a waiting accept returns (a client's thread sees the stop between tries).
-        let knock = listener.as_ref().and_then(|l| l.local_addr().ok());
-        let wake = move || {
-            waker.hang_up();
-            if let Some(addr) = &knock {
-                let _ = UnixStream::connect_addr(addr);
-            }
-        };
-        let r = thread::Builder::new()
-            .name(format!("vnic-port{id}"))
-            .spawn(move || match listener {
-                Some(l) => port.serve(l, stop),
-                None => port.serve_as_client(stop),
-            })
-            .map(|h| Stoppable::new(format!("port {id}"), h, wake));
-        spawned(format!("port {id}"), r, &mut started.ports)?;
+        serve_port(port, listener, &stop, &mut started)?;
     }
     for spec in &cfg.qmp {
         if let Some(port) = guests.iter().find(|g| g.id == spec.port) {
@@ -194,10 +177,10 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
             )?;
         }
     }
-    if let Some(timeout) = cfg.snoop {
+    if let Snooping::On { expiry } = cfg.snoop {
         spawned(
             "snoop timer",
-            spawn_snoop_clock(guests, timeout, &stop),
+            spawn_snoop_clock(guests, expiry, &stop),
             &mut started.servers,
         )?;
     }
@@ -211,6 +194,35 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// Starts the thread that serves guest port `port`'s frontends, on `listener` or, without
+/// one (`--client`), by connecting to the frontend.
+fn serve_port(
+    port: Arc<GuestPort>,
+    listener: Option<UnixListener>,
+    stop: &Stop,
+    started: &mut Started,
+) -> Result<(), StartError> {
+    let (id, stop) = (port.id, stop.clone());
+    let waker = port.clone();
+    // Woken by ending its connection; a listener's thread also by a knock on its socket,
+    // so that a waiting accept returns (a client's thread sees the stop between tries).
+    let knock = listener.as_ref().and_then(|l| l.local_addr().ok());
+    let wake = move || {
+        waker.hang_up();
+        if let Some(addr) = &knock {
+            let _ = UnixStream::connect_addr(addr);
+        }
+    };
+    let r = thread::Builder::new()
+        .name(format!("vnic-port{id}"))
+        .spawn(move || match listener {
+            Some(l) => vhost_user::serve(port, l, stop),
+            None => vhost_user::serve_as_client(port, stop),
+        })
+        .map(|h| Stoppable::new(format!("port {id}"), h, wake));
+    spawned(format!("port {id}"), r, &mut started.ports)
 }
 
 /// Makes guest port `id` and, unless it connects to its frontend (`--client`), the socket it
@@ -240,9 +252,7 @@ fn open_guest(
             (p, Some(listener))
         }
         Endpoint::Inherited(fd) => {
-            let (listener, path) = unix_socket::inherited(*fd)
-                .map_err(VhostPortError::Bind)
-                .map_err(failed)?;
+            let (listener, path) = unix_socket::inherited(*fd).map_err(failed)?;
             let name = path.unwrap_or_else(|| PathBuf::from(format!("fd {fd}")));
             (port(name), Some(listener))
         }
@@ -298,7 +308,9 @@ fn guest_port(
         snoop: cfg.snoop,
         snoop_max_groups: cfg.snoop_max_groups,
     };
-    GuestPort::new(id, socket, cfg.queue_pairs, net, filter, cfg.ctrl, switch).with_mac_lock(cfg.mac_lock)
+    GuestPort::new(id, socket, cfg.queue_pairs, net, filter, switch)
+        .with_mac_lock(cfg.mac_lock)
+        .with_ctrl_poll(cfg.ctrl_poll)
 }
 
 /// The snooper's clock (`--snoop`): audits of each guest's state after its reports go

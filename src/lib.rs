@@ -13,6 +13,7 @@
 //! sockets created with the access asked for), [`stop`] (how threads end) and [`sync`]
 //! (locks that outlive a panicking thread).
 
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;

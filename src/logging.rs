@@ -4,14 +4,48 @@
 //! Lines at INFO and above are limited per target (module path) to [`PER_SECOND`] a second;
 //! what is held back is counted and reported in one line when the target next logs. That
 //! covers the dependencies too: virtio-queue 0.18 logs an impossible available index at
-//! ERROR every time it is asked (DESIGN.md 7), and a frontend decides how often that is.
+//! ERROR every time it is asked, and a frontend decides how often that is.
 //! DEBUG and TRACE lines are only there when asked for (`RUST_LOG`), and are not limited.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use log::{Level, Log, Metadata, Record};
+
+/// "outer: inner: innermost", an error and its sources, for a log line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Lets a warning through at most once per second, so a misbehaving guest or client cannot
+/// flood the log with it; the counters carry the full count.
+#[derive(Debug, Default)]
+pub struct WarnLimiter {
+    last_sec: AtomicU64,
+}
+
+impl WarnLimiter {
+    pub fn allow(&self) -> bool {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.last_sec.load(Ordering::Relaxed);
+        now != last
+            && self
+                .last_sec
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
 
 /// Lines at INFO and above each target may write per second.
 pub const PER_SECOND: u32 = 20;

@@ -6,10 +6,12 @@ use sd_notify::NotifyState;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::config::{Cli, Command, Config, CtlCommand, Generated};
+use dpaa_vnic::cli::{Cli, Command, CtlCommand, Generated};
+use dpaa_vnic::config::Config;
 use dpaa_vnic::control::client;
 use dpaa_vnic::daemon;
-use dpaa_vnic::ports::vhost_user::{error_chain, sigbus};
+use dpaa_vnic::logging::error_chain;
+use dpaa_vnic::ports::vhost_user::sigbus;
 
 fn main() -> ExitCode {
     dpaa_vnic::logging::init();
@@ -20,7 +22,7 @@ fn main() -> ExitCode {
     // QEMU's backend program conventions (docs/interop/vhost-user.rst): print and exit,
     // whatever else the command line holds.
     if std::env::args_os().skip(1).any(|a| a == "--print-capabilities") {
-        println!("{}", dpaa_vnic::config::capabilities());
+        println!("{}", dpaa_vnic::cli::capabilities());
         return ExitCode::SUCCESS;
     }
     let cli = Cli::parse();

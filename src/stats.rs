@@ -371,9 +371,6 @@ pub struct CtrlStats {
     /// Commands the driver posted before DRIVER_OK, answered VIRTIO_NET_ERR (also counted in
     /// `ctrl_errors`).
     pub ctrl_before_driver_ok: Counter,
-    /// Times the control thread woke on the guest's CPU and moved off it
-    /// (`ports/vhost_user/placement.rs`).
-    pub ctrl_cpu_moves: Counter,
     /// Used-buffer notifications sent on the control queue. A driver that spins for its ack
     /// turns them off (Linux does, so a run counts about one); one that sleeps
     /// until the device answers needs one per command, each carried by the frontend.
@@ -472,7 +469,6 @@ pub struct CtrlSnapshot {
     pub ctrl_busy_ns: u64,
     pub ctrl_wakeups: u64,
     pub ctrl_before_driver_ok: u64,
-    pub ctrl_cpu_moves: u64,
     pub ctrl_interrupts: u64,
 }
 
@@ -497,10 +493,6 @@ impl CtrlSnapshot {
             "Commands posted before DRIVER_OK, answered VIRTIO_NET_ERR.",
         ),
         (
-            "ctrl_cpu_moves",
-            "Times the control thread moved off a CPU a frontend thread was runnable on.",
-        ),
-        (
             "ctrl_interrupts",
             "Used-buffer notifications sent on the control queue.",
         ),
@@ -515,7 +507,6 @@ impl CtrlStats {
             ctrl_busy_ns: self.ctrl_busy_ns.get(),
             ctrl_wakeups: self.ctrl_wakeups.get(),
             ctrl_before_driver_ok: self.ctrl_before_driver_ok.get(),
-            ctrl_cpu_moves: self.ctrl_cpu_moves.get(),
             ctrl_interrupts: self.ctrl_interrupts.get(),
         }
     }

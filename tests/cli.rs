@@ -132,7 +132,7 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     assert_eq!(v["ports"][1]["ctrl_commands"], 0);
     assert_eq!(v["ports"][0]["connected"], false);
     // docs/interface.md: every answer says which version of the interface it follows.
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], dpaa_vnic::control::INTERFACE_VERSION);
 
     let out = Command::new(BIN)
         .args(["ctl", "--control", ctl.to_str().unwrap(), "filter"])
@@ -143,7 +143,7 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     assert_eq!(v["ports"][1]["mac"], "52:54:00:d0:aa:02");
     assert_eq!(v["ports"][0]["rx_mode"]["promisc"], true);
     assert!(v["ports"][0]["multicast"].as_array().unwrap().is_empty());
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], dpaa_vnic::control::INTERFACE_VERSION);
 
     // A second daemon must not steal (or delete) a live socket.
     let (code, err) = run(&["--socket", sock.to_str().unwrap()]);

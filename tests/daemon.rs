@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dpaa_vnic::config::{Cli, Config};
+use dpaa_vnic::cli::Cli;
+use dpaa_vnic::config::Config;
 use dpaa_vnic::control::view::PortRef;
 use dpaa_vnic::daemon::{self, StartError};
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 use dpaa_vnic::device::features::Attachment;
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
-use dpaa_vnic::pipeline::{Egress, Packet, Switch};
+use dpaa_vnic::pipeline::{Egress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::ports::poll::{PollConfig, PollGroup};
-use dpaa_vnic::ports::vhost_user::{CtrlTuning, FilterConfig, GuestPort};
+use dpaa_vnic::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
 use dpaa_vnic::stats::{Tally, TallyHandle};
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use vhost::vhost_user::message::VhostUserConfigFlags;
@@ -39,9 +39,18 @@ struct Sink(Mutex<Vec<Vec<u8>>>);
 const BUG: [u8; 2] = [0xde, 0xad];
 
 impl Egress for Sink {
-    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
-        assert!(pkt.frame.get(12..14) != Some(&BUG[..]), "a bug on the data path");
-        self.0.lock().unwrap().push(pkt.frame.to_vec());
+    fn admit(&self, _tally: &Tally, _flow: usize, frame: &[u8]) -> Option<dpaa_vnic::pipeline::Admitted> {
+        assert!(frame.get(12..14) != Some(&BUG[..]), "a bug on the data path");
+        Some(Default::default())
+    }
+
+    fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {
+        let mut n = 0;
+        while let Some(f) = frames.next() {
+            self.0.lock().unwrap().push(f.pkt.frame.to_vec());
+            n += 1;
+        }
+        n
     }
 }
 
@@ -55,28 +64,29 @@ struct Rig {
     tally: TallyHandle,
 }
 
+/// The control thread's poll window the tests use, unless they say otherwise.
+const CTRL_POLL: Duration = Duration::from_micros(200);
+
 fn rig() -> Rig {
-    rig_with(CtrlTuning {
-        poll: std::time::Duration::from_micros(200),
-        ..Default::default()
-    })
+    rig_with(CTRL_POLL)
 }
 
-fn rig_with(ctrl: CtrlTuning) -> Rig {
-    rig_full(ctrl, None)
+/// `ctrl_poll`: how long the control thread polls after a command (`--ctrl-poll-us`).
+fn rig_with(ctrl_poll: Duration) -> Rig {
+    rig_full(ctrl_poll, Snooping::Off)
 }
 
-/// `snoop`: the port snoops (`--snoop`, with this timeout).
-fn rig_full(ctrl: CtrlTuning, snoop: Option<Option<Duration>>) -> Rig {
-    rig_port(ctrl, snoop, None)
+/// `snoop`: whether the port snoops (`--snoop`).
+fn rig_full(ctrl_poll: Duration, snoop: Snooping) -> Rig {
+    rig_port(ctrl_poll, snoop, None)
 }
 
 /// `poll`: the port's TX queue is served by this poll group's threads (`--poll`).
-fn rig_port(ctrl: CtrlTuning, snoop: Option<Option<Duration>>, poll: Option<Arc<PollGroup>>) -> Rig {
+fn rig_port(ctrl_poll: Duration, snoop: Snooping, poll: Option<Arc<PollGroup>>) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vnic.sock");
     let switch = Arc::new(Switch::new(2));
-    let port = serve_port(&switch, 0, &path, ctrl, snoop, poll);
+    let port = serve_port(&switch, 0, &path, ctrl_poll, snoop, poll);
     let sink = Arc::new(Sink::default());
     switch.attach(1, sink.clone());
     Rig {
@@ -94,8 +104,8 @@ fn serve_port(
     switch: &Arc<Switch>,
     id: usize,
     path: &std::path::Path,
-    ctrl: CtrlTuning,
-    snoop: Option<Option<Duration>>,
+    ctrl_poll: Duration,
+    snoop: Snooping,
     poll: Option<Arc<PollGroup>>,
 ) -> Arc<GuestPort> {
     let cfg = NetConfig {
@@ -110,7 +120,8 @@ fn serve_port(
         snoop,
         snoop_max_groups: 16_384,
     };
-    let port = GuestPort::new(id, path.to_path_buf(), 1, cfg, filter, ctrl, switch.clone());
+    let port =
+        GuestPort::new(id, path.to_path_buf(), 1, cfg, filter, switch.clone()).with_ctrl_poll(ctrl_poll);
     let port = Arc::new(match poll {
         Some(group) => port.with_poll(group),
         None => port,
@@ -118,7 +129,7 @@ fn serve_port(
     switch.attach(id, port.clone());
     let listener = port.bind(Default::default()).unwrap();
     let p = port.clone();
-    thread::spawn(move || p.serve(listener, dpaa_vnic::stop::Stop::default()));
+    thread::spawn(move || vhost_user::serve(p, listener, dpaa_vnic::stop::Stop::default()));
     port
 }
 
@@ -141,10 +152,19 @@ fn rx_started(r: &Rig, g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) -> 
     f
 }
 
-/// Hands `f` to the port as the switch would, without the flush that ends a burst.
+/// Queues `f` for port `to` in `out` as the switch does: if the port's filter admits it,
+/// lent to the outbox and written when the outbox is flushed or dropped.
+fn queue<'a>(out: &mut Outbox<'a>, to: &GuestPort, hdr: VirtioNetHdr, f: &'a mut [u8]) {
+    if let Some(adm) = to.admit(out.tally(), 0, f) {
+        out.lend(to.id, 0, adm, Packet::new(hdr, f));
+    }
+}
+
+/// Hands `f` to the port as the switch does, and writes it.
 fn send(r: &Rig, hdr: VirtioNetHdr, f: &mut [u8]) {
-    r.port
-        .send(&r.tally, 0, &mut Packet::new(hdr, f), &mut Vec::new());
+    let mut bufs = OutboxBuffers::default();
+    let mut out = r.switch.outbox(&r.tally, &mut bufs);
+    queue(&mut out, &r.port, hdr, f);
 }
 
 /// Sends copies of `f` to the port until the first lands: the RX path is published
@@ -152,7 +172,6 @@ fn send(r: &Rig, hdr: VirtioNetHdr, f: &mut [u8]) {
 fn deliver_first(r: &Rig, rxq: &MockSplitQueue<'_, GuestMemoryMmap>, hdr: VirtioNetHdr, f: &[u8]) {
     wait_until("rx path published", || {
         send(r, hdr, &mut f.to_vec());
-        r.port.flush(&r.tally);
         rxq.used().idx().load() == 1
     });
 }
@@ -232,7 +251,7 @@ fn poll_mode_serves_tx_without_kicks() {
     let stop = dpaa_vnic::stop::Stop::default();
     let mut threads = Vec::new();
     let group = PollGroup::start(&PollConfig::Threads(1), &stop, &mut threads).unwrap();
-    let r = rig_port(CtrlTuning::default(), None, Some(group.clone()));
+    let r = rig_port(Duration::ZERO, Snooping::Off, Some(group.clone()));
     let g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
     let txq = g.queue(1);
     wait_until("TX queue in the poll round", || group.len() == 1);
@@ -334,90 +353,105 @@ fn rx_frame_is_written_with_header_and_signalled() {
     assert!(g.call[0].read().unwrap() >= 1);
     // Out of buffers after the second frame: the third is dropped and counted.
     send(&r, VirtioNetHdr::default(), &mut f);
-    r.port.flush(&r.tally);
     let mut f3 = f.clone();
     send(&r, VirtioNetHdr::default(), &mut f3);
-    r.port.flush(&r.tally);
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, 2);
     assert!(s.rx_dropped >= 1);
 }
 
-/// A frame handed to a port is staged by the sending thread and written at its flush, with
-/// the rest of its burst for the queue (one store of the used index); a frame staged for a
-/// ring stopped before the flush (GET_VRING_BASE) is dropped and counted.
+/// A frame the switch hands to a port waits in the sender's outbox and is written at its
+/// flush, with the rest for the same queue (one store of the used index); a frame queued for
+/// a ring stopped before the flush (GET_VRING_BASE) is dropped and counted.
 #[test]
 fn rx_frames_are_written_at_the_flush() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
     let mut f = rx_started(&r, &g, &rxq);
-    send(&r, VirtioNetHdr::default(), &mut f);
-    assert_eq!(r.port.stats()[0].rx_packets, 1, "written before the flush");
-    assert_eq!(rxq.used().idx().load(), 1);
-    r.port.flush(&r.tally);
+    let mut f2 = f.clone();
+    let mut bufs = OutboxBuffers::default();
+    let mut out = r.switch.outbox(&r.tally, &mut bufs);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), &mut f);
+    assert_eq!(
+        r.port.stats()[0].rx_packets,
+        1,
+        "nothing written before the flush"
+    );
+    assert_eq!(out.flush(), 1);
     assert_eq!(r.port.stats()[0].rx_packets, 2);
     assert_eq!(rxq.used().idx().load(), 2);
-    send(&r, VirtioNetHdr::default(), &mut f);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), &mut f2);
     g.fe.get_vring_base(0).unwrap();
     let dropped = r.port.stats()[0].rx_dropped;
-    r.port.flush(&r.tally);
+    assert_eq!(out.flush(), 0);
     let s = r.port.stats()[0];
     assert_eq!((s.rx_packets, s.rx_dropped), (2, dropped + 1));
     assert_eq!(rxq.used().idx().load(), 2);
 }
 
-/// A thread's stage for a port holds at most a burst (64 frames, vhost-net's
-/// VHOST_NET_BATCH): the 64th frame staged writes them all out without the flush.
+/// An outbox holds at most 64 frames (vhost-net's VHOST_NET_BATCH): queuing one more
+/// writes the 64 out first.
 #[test]
-fn a_full_stage_is_written_without_the_flush() {
+fn a_full_outbox_is_written_without_the_flush() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
-    let mut f = rx_started(&r, &g, &rxq);
+    let f = rx_started(&r, &g, &rxq);
     let before = r.port.stats()[0];
-    for _ in 0..64 {
-        send(&r, VirtioNetHdr::default(), &mut f);
+    let mut frames = vec![f; 65];
+    let mut bufs = OutboxBuffers::default();
+    let mut out = r.switch.outbox(&r.tally, &mut bufs);
+    let mut each = frames.iter_mut();
+    for f in each.by_ref().take(64) {
+        queue(&mut out, &r.port, VirtioNetHdr::default(), f);
     }
+    assert_eq!(r.port.stats()[0].rx_packets, before.rx_packets);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), each.next().unwrap());
     // One buffer was left: one frame written, the other 63 dropped for want of buffers.
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets - before.rx_packets, 1);
     assert_eq!(s.rx_dropped - before.rx_dropped, 63);
     assert_eq!(rxq.used().idx().load(), 2);
+    drop(out);
+    assert_eq!(r.port.stats()[0].rx_dropped - before.rx_dropped, 64);
 }
 
-/// Frames staged for a connection that ended before the flush are dropped and counted,
-/// never written into rings the next connection may serve.
+/// Frames queued for a guest whose frontend left before the flush are dropped and counted.
 #[test]
-fn frames_staged_for_a_connection_that_ended_are_dropped() {
+fn frames_queued_for_a_connection_that_ended_are_dropped() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
     let mut f = rx_started(&r, &g, &rxq);
-    send(&r, VirtioNetHdr::default(), &mut f);
+    let mut bufs = OutboxBuffers::default();
+    let mut out = r.switch.outbox(&r.tally, &mut bufs);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), &mut f);
     drop(rxq);
     drop(g);
     wait_until("the port sees the frontend gone", || !r.port.connected());
     let before = r.port.stats()[0];
-    r.port.flush(&r.tally);
+    drop(out);
     let s = r.port.stats()[0];
     assert_eq!(s.rx_packets, before.rx_packets);
     assert_eq!(s.rx_dropped, before.rx_dropped + 1);
 }
 
-/// A frame too long to stage is written at once, after the frames already staged for its
-/// port: the order the switch sent them in is kept.
+/// An outbox writes a port's frames in the order the switch queued them, whatever their
+/// lengths.
 #[test]
-fn a_long_frame_is_written_after_the_staged_ones() {
+fn frames_are_written_in_the_order_queued() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
     let mut short = rx_started(&r, &g, &rxq);
     rxq.add_desc_chains(&[d(0x12_0000, 2048, F_WRITE, 0)], 2).unwrap();
-    send(&r, VirtioNetHdr::default(), &mut short);
     let mut long = frame("52:54:00:d0:aa:01", 1000);
-    send(&r, VirtioNetHdr::default(), &mut long);
-    r.port.flush(&r.tally);
+    let mut bufs = OutboxBuffers::default();
+    let mut out = r.switch.outbox(&r.tally, &mut bufs);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), &mut short);
+    queue(&mut out, &r.port, VirtioNetHdr::default(), &mut long);
+    drop(out);
     let used = |i: usize| {
         let e = rxq.used().ring().ref_at(i).unwrap().load();
         (e.id(), e.len())
@@ -427,24 +461,18 @@ fn a_long_frame_is_written_after_the_staged_ones() {
     assert_eq!(used(2), (2, (HDR + 1000) as u32));
 }
 
-/// A frame the sender pinned (`Packet::pinned`, a TX batch's frames) is staged by pointer
-/// whatever its length, so a long one waits for the flush too, and is written from where it
-/// lies; a partial checksum is completed in place, in the sender's buffer.
+/// A frame lent to the outbox is written from where it lies, and a partial checksum the
+/// guest cannot take is completed in place, in the sender's buffer.
 #[test]
-fn a_pinned_frame_is_written_from_where_it_lies_at_the_flush() {
+fn a_lent_frame_is_written_from_where_it_lies() {
     let r = rig();
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
     rx_started(&r, &g, &rxq);
-    // 1000 bytes: longer than an unpinned frame may be to be staged.
     let (f, hdr) = udp_partial(1000);
     let mut sent = f.clone();
-    // SAFETY: `sent` lives, untouched, until after the flush below.
-    let mut pkt = unsafe { Packet::pinned(hdr, &mut sent) };
-    r.port.send(&r.tally, 0, &mut pkt, &mut Vec::new());
-    assert_eq!(r.port.stats()[0].rx_packets, 1, "written before the flush");
+    send(&r, hdr, &mut sent);
     assert_ne!(sent[40..42], f[40..42], "completed in the sender's buffer");
-    r.port.flush(&r.tally);
     assert_eq!(r.port.stats()[0].rx_packets, 2);
     assert_eq!(rxq.used().idx().load(), 2);
     let mut got = vec![0u8; HDR + f.len()];
@@ -455,10 +483,10 @@ fn a_pinned_frame_is_written_from_where_it_lies_at_the_flush() {
 }
 
 /// Two guests on one switch: a burst from one to the other, four full TX batches long and
-/// of lengths from 60 to 1000 bytes, arrives whole and in order. The sender's worker pins a
-/// batch's frames in one half of its buffer while it pops the next into the other half, and
-/// must flush before it fills a half again (`Pins` in backend.rs): a frame written out
-/// after its half was refilled would arrive with another frame's bytes.
+/// of lengths from 60 to 1000 bytes, arrives whole and in order. The sender's worker lends
+/// the frames of its batches to its outbox from its arena, and cannot read new frames over
+/// them until the outbox is written (tx.rs): a frame written out after its bytes were
+/// overwritten would arrive with another frame's bytes.
 #[test]
 fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     const N: u16 = 4 * 32;
@@ -467,7 +495,7 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     let switch = Arc::new(Switch::new(2));
     let paths = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let ports: Vec<Arc<GuestPort>> = (0..2)
-        .map(|id| serve_port(&switch, id, &paths[id], CtrlTuning::default(), None, None))
+        .map(|id| serve_port(&switch, id, &paths[id], Duration::ZERO, Snooping::Off, None))
         .collect();
     let features = VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES;
     let mut a = Guest::connect(&paths[0], features);
@@ -491,13 +519,10 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     let used_idx = |g: &Guest, ring: SplitLayout| g.mem.read_obj::<u16>(GuestAddress(ring.used + 2)).unwrap();
     wait_until("B's RX path up", || {
         let mut f = frame("52:54:00:d0:aa:02", 60);
-        ports[1].send(
-            &tally,
-            0,
-            &mut Packet::new(VirtioNetHdr::default(), &mut f),
-            &mut Vec::new(),
-        );
-        ports[1].flush(&tally);
+        let mut bufs = OutboxBuffers::default();
+        let mut out = switch.outbox(&tally, &mut bufs);
+        queue(&mut out, &ports[1], VirtioNetHdr::default(), &mut f);
+        drop(out);
         used_idx(&b, rxr) == 1
     });
     // A sends N frames to B at once: header and frame in a descriptor each.
@@ -544,7 +569,7 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
 /// IGMPv2 guest that heard one for its group would not send its own. Queries still reach it.
 #[test]
 fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
-    let r = rig_full(Default::default(), Some(None));
+    let r = rig_full(Duration::ZERO, Snooping::On { expiry: None });
     let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
     let rxq = g.queue(0);
     post_rx_buffers(&g, &rxq);
@@ -567,7 +592,6 @@ fn a_snooping_port_keeps_other_hosts_reports_from_its_guest() {
     deliver_first(&r, &rxq, VirtioNetHdr::default(), &frame("01:00:5e:00:00:01", 60));
     let filtered = r.port.stats()[0].rx_filtered;
     send(&r, VirtioNetHdr::default(), &mut report);
-    r.port.flush(&r.tally);
     let s = r.port.stats()[0];
     assert_eq!((s.rx_packets, s.rx_filtered), (1, filtered + 1));
     assert_eq!(rxq.used().idx().load(), 1);
@@ -823,11 +847,8 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
 /// budget still polling, so the whole burst costs one wake-up, not one more per budget.
 #[test]
 fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
-    let r = rig_with(CtrlTuning {
-        // Long enough that no pause of this test thread lets the window run out.
-        poll: std::time::Duration::from_millis(50),
-        ..Default::default()
-    });
+    // Long enough that no pause of this test thread lets the window run out.
+    let r = rig_with(Duration::from_millis(50));
     let mut g = ctrl_guest(&r);
     // The control ring laid out as the spec says, so that all its entries can be used.
     let ring = SplitLayout::at(0x18_0000, QSIZE);
@@ -1008,7 +1029,6 @@ fn tso_frame_is_segmented_for_a_guest_without_guest_tso() {
     wait_until("three segments delivered", || {
         if rxq.used().idx().load() == 0 {
             send(&r, hdr, &mut f.clone());
-            r.port.flush(&r.tally);
         }
         rxq.used().idx().load() >= 3
     });
@@ -1195,7 +1215,7 @@ fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
 /// no one else.
 #[test]
 fn stats_are_read_without_waiting_for_the_control_lock() {
-    use dpaa_vnic::control::server::Daemon;
+    use dpaa_vnic::control::view::Daemon;
     use dpaa_vnic::control::view::{self, PortRef};
     let r = rig();
     let d = Arc::new(Daemon {
@@ -1274,7 +1294,7 @@ fn a_bug_on_one_frame_costs_that_frame_only() {
         !r.sink.0.lock().unwrap().is_empty()
     });
     assert_eq!(*r.sink.0.lock().unwrap(), vec![good.clone()]);
-    assert_eq!(r.port.conn_stats.snapshot().panics, 1);
+    assert_eq!(r.port.health.stats.snapshot().panics, 1);
     let s = r.port.stats()[0];
     assert_eq!((s.tx_packets, s.tx_errors), (2, 1));
 }

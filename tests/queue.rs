@@ -2,10 +2,11 @@
 //! well-formed (gaps, indirect tables, merged RX buffers) and malformed (every way a guest can
 //! lie), checking the used ring after each event.
 
-use dpaa_vnic::ports::vhost_user::queue::{
-    indirect_table, pop_ctrl, pop_tx, pop_tx_batch, push_rx, push_rx_burst, ArenaSlots, ChainError,
-    CtrlChain, RxBurst, RxError, TxSlot, MAX_FRAME_DESCS, TX_BATCH,
-};
+use dpaa_vnic::ports::arena::Arena;
+use dpaa_vnic::ports::vhost_user::rx_chain::{RxError, RxRun};
+use dpaa_vnic::ports::vhost_user::split_ring::{ChainError, SplitRing, MAX_FRAME_DESCS};
+use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxChain, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::{pop_ctrl, CtrlChain};
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -51,6 +52,53 @@ fn frame(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + 3) as u8).collect()
 }
 
+/// A batch's limits: `frame_max` bytes of room per chain, the workers' budgets.
+fn limits(frame_max: usize) -> BatchLimits {
+    BatchLimits {
+        frame_max,
+        chains: 256,
+        walk: 8192,
+    }
+}
+
+/// The next TX chain alone, copied into `buf` and returned used: a batch of one.
+fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain> {
+    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let lim = BatchLimits {
+        frame_max: buf.len(),
+        chains: 1,
+        walk: 8192,
+    };
+    pop_tx_batch(q, m, HDR, buf, lim, &mut batch).unwrap();
+    batch.pop().map(|s| s.chain)
+}
+
+/// One frame written into `q` as the next of `run`, then published, as a run of one.
+fn push_in(
+    run: &mut RxRun,
+    q: &mut Queue,
+    m: &GuestMemoryMmap,
+    hdr: &VirtioNetHdr,
+    f: &[u8],
+) -> Result<u16, RxError> {
+    let ring = SplitRing::new(q, m).ok_or(RxError::NoBuffers)?;
+    let r = run.push(q, &ring, hdr, f);
+    run.finish(q, &ring).map_err(RxError::Ring)?;
+    r
+}
+
+/// One frame written into `q` on its own.
+fn push_rx(
+    q: &mut Queue,
+    m: &GuestMemoryMmap,
+    hdr_len: usize,
+    mrg: bool,
+    hdr: &VirtioNetHdr,
+    f: &[u8],
+) -> Result<u16, RxError> {
+    push_in(&mut RxRun::new(hdr_len, mrg), q, m, hdr, f)
+}
+
 #[test]
 fn tx_chain_with_gaps_is_gathered_in_order() {
     let m = mem();
@@ -71,12 +119,12 @@ fn tx_chain_with_gaps_is_gathered_in_order() {
     .unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
-    let t = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
+    let t = pop_tx(&mut q, &m, &mut buf).unwrap();
     assert_eq!(t.head, 0);
     let n = t.result.unwrap();
     assert_eq!(n, HDR + 100);
     assert_eq!(&buf[HDR..n], &f[..]);
-    assert!(pop_tx(&mut q, &m, HDR, &mut buf).unwrap().is_none());
+    assert!(pop_tx(&mut q, &m, &mut buf).is_none());
 }
 
 #[test]
@@ -93,11 +141,7 @@ fn tx_indirect_chain() {
     publish(&vq, &[(0, d(table.0, 32, F_INDIRECT, 0))], &[0]);
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
-    let n = pop_tx(&mut q, &m, HDR, &mut buf)
-        .unwrap()
-        .unwrap()
-        .result
-        .unwrap();
+    let n = pop_tx(&mut q, &m, &mut buf).unwrap().result.unwrap();
     assert_eq!(&buf[HDR..n], &f[..]);
 }
 
@@ -133,8 +177,7 @@ fn tx_malformed_chains_are_refused_and_the_queue_goes_on() {
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
     let mut results = Vec::new();
-    while let Some(t) = pop_tx(&mut q, &m, HDR, &mut buf).unwrap() {
-        q.add_used(&m, t.head, 0).unwrap();
+    while let Some(t) = pop_tx(&mut q, &m, &mut buf) {
         results.push((t.head, t.result));
     }
     let kinds: Vec<String> = results
@@ -250,35 +293,23 @@ fn rx_burst_reads_the_avail_index_again_only_when_its_chains_are_used_up() {
     publish(&vq, &descs, &[0, 1]);
     let mut q: Queue = vq.create_queue().unwrap();
     let hdr = VirtioNetHdr::default();
-    let mut burst = RxBurst::new(HDR, true);
-    assert_eq!(
-        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
-        1
-    );
+    let mut burst = RxRun::new(HDR, true);
+    assert_eq!(push_in(&mut burst, &mut q, &m, &hdr, &frame(60)).unwrap(), 1);
     // An index a whole ring ahead, which a read refuses: the burst does not read it while
     // the chain it knows of is left...
     vq.avail().idx().store(u16::to_le(40));
-    assert_eq!(
-        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
-        1
-    );
+    assert_eq!(push_in(&mut burst, &mut q, &m, &hdr, &frame(60)).unwrap(), 1);
     // ...and a fresh burst (the next one) does.
-    let r = push_rx_burst(&mut q, &m, &mut RxBurst::new(HDR, true), &hdr, &frame(60));
+    let r = push_rx(&mut q, &m, HDR, true, &hdr, &frame(60));
     assert!(matches!(r, Err(RxError::Ring(_))), "{r:?}");
     // Chains used up: the burst reads the index again, and takes what the driver posted.
     vq.avail().ring().ref_at(2).unwrap().store(u16::to_le(2));
     vq.avail().ring().ref_at(3).unwrap().store(u16::to_le(3));
     vq.avail().idx().store(u16::to_le(4));
-    assert_eq!(
-        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
-        1
-    );
-    assert_eq!(
-        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)).unwrap(),
-        1
-    );
+    assert_eq!(push_in(&mut burst, &mut q, &m, &hdr, &frame(60)).unwrap(), 1);
+    assert_eq!(push_in(&mut burst, &mut q, &m, &hdr, &frame(60)).unwrap(), 1);
     assert!(matches!(
-        push_rx_burst(&mut q, &m, &mut burst, &hdr, &frame(60)),
+        push_in(&mut burst, &mut q, &m, &hdr, &frame(60)),
         Err(RxError::NoBuffers)
     ));
     assert_eq!(used_idx(&vq), 4);
@@ -382,14 +413,11 @@ fn ctrl_chain_split_over_descriptors_with_ack() {
     let vq = MockSplitQueue::new(&m, 16);
     vq.add_desc_chains(&promisc_on(&m), 0).unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
-    let c = pop_promisc_on(&mut q, &m);
-    // One-byte flags are not worth evicting.
-    assert!(c.evict.ranges().is_empty());
+    pop_promisc_on(&mut q, &m);
 }
 
 /// Linux posts every control command through an indirect table when INDIRECT_DESC is
-/// negotiated (both attachments offer it): the command reads the same as a direct one, and
-/// `indirect_table` finds the table for the next command's prefetch.
+/// negotiated (both attachments offer it): the command reads the same as a direct one.
 #[test]
 fn ctrl_chain_through_an_indirect_table() {
     let m = mem();
@@ -409,38 +437,6 @@ fn ctrl_chain_through_an_indirect_table() {
     );
     let mut q: Queue = vq.create_queue().unwrap();
     pop_promisc_on(&mut q, &m);
-    let slot = |i: u64| GuestAddress(q.desc_table()).unchecked_add(16 * i);
-    assert_eq!(indirect_table(&m, slot(0)), Some(table));
-    // A direct descriptor has no table; an indirect one pointing outside guest memory is
-    // still named (prefetching skips it); a slot that cannot be read has none.
-    assert_eq!(indirect_table(&m, slot(1)), None);
-    assert_eq!(
-        indirect_table(&m, slot(2)),
-        Some(GuestAddress(MEM_SIZE as u64 + 0x1000))
-    );
-    assert_eq!(indirect_table(&m, GuestAddress(MEM_SIZE as u64)), None);
-}
-
-#[test]
-fn ctrl_table_buffers_are_noted_for_eviction() {
-    let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
-    vq.add_desc_chains(
-        &[
-            d(0x2_0000, 2, F_NEXT, 1),
-            d(0x2_1000, 4 + 6 * 200, F_NEXT, 2), // a table of 200 addresses
-            d(0x2_2000, 4, F_NEXT, 3),           // an empty one
-            d(0x2_3000, 1, F_WRITE, 0),
-        ],
-        0,
-    )
-    .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
-    let mut buf = Vec::new();
-    let (_, c) = pop_ctrl(&mut q, &m, &mut buf, 1 << 20).unwrap().unwrap();
-    let c = c.unwrap();
-    assert_eq!(c.len, 2 + 1204 + 4);
-    assert_eq!(c.evict.ranges(), &[(GuestAddress(0x2_1000), 1204)]);
 }
 
 #[test]
@@ -558,8 +554,8 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
     let hdr = VirtioNetHdr::default();
     let mut total = 0usize;
     for i in 0..HEADS {
-        let mut burst = RxBurst::new(HDR, true);
-        let r = push_rx_burst(&mut q, &m, &mut burst, &hdr, &f);
+        let mut burst = RxRun::new(HDR, true);
+        let r = push_in(&mut burst, &mut q, &m, &hdr, &f);
         assert!(
             matches!(r, Err(RxError::Chain(ChainError::TooManyDescriptors))),
             "frame {i}: {r:?}"
@@ -572,8 +568,8 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
         total += walked;
     }
     // Every bad chain is gone: the next frame costs nothing.
-    let mut burst = RxBurst::new(HDR, true);
-    let r = push_rx_burst(&mut q, &m, &mut burst, &hdr, &f);
+    let mut burst = RxRun::new(HDR, true);
+    let r = push_in(&mut burst, &mut q, &m, &hdr, &f);
     assert!(matches!(r, Err(RxError::NoBuffers)));
     assert_eq!(burst.walked(), 0);
 
@@ -586,9 +582,9 @@ fn rx_zero_length_indirect_tables_cost_one_bounded_walk_each() {
         .collect();
     vb.add_desc_chains(&bufs, 0).unwrap();
     let mut qb: Queue = vb.create_queue().unwrap();
-    let mut burst = RxBurst::new(HDR, true);
+    let mut burst = RxRun::new(HDR, true);
     let big = frame(65_535 + 14);
-    let n = push_rx_burst(&mut qb, &mb, &mut burst, &hdr, &big).unwrap();
+    let n = push_in(&mut burst, &mut qb, &mb, &hdr, &big).unwrap();
     let benign = burst.walked();
     assert_eq!(usize::from(n), benign);
     let per_frame = (MAX_FRAME_DESCS + 1) as f64 / benign as f64;
@@ -617,20 +613,19 @@ fn tx_zero_length_indirect_table_is_refused_after_the_bound() {
     );
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 65_562];
-    let t = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
+    let t = pop_tx(&mut q, &m, &mut buf).unwrap();
     assert!(
         matches!(t.result, Err(ChainError::TooManyDescriptors)),
         "{:?}",
         t.result
     );
     assert_eq!(t.walked, MAX_FRAME_DESCS + 1);
-    q.add_used(&m, t.head, 0).unwrap();
-    let good = pop_tx(&mut q, &m, HDR, &mut buf).unwrap().unwrap();
+    let good = pop_tx(&mut q, &m, &mut buf).unwrap();
     assert_eq!((good.head, good.walked), (1, 1));
     assert_eq!(good.result.unwrap(), 60);
 }
 
-/// A batch pops what chain-by-chain pops would, back to back in one buffer: good chains,
+/// A batch copies its chains back to back into one buffer: good chains,
 /// a chain split over descriptors, and refused ones (a device-writable descriptor, a chain
 /// shorter than the header, a loop), each returned used with length 0, in order.
 #[test]
@@ -662,7 +657,7 @@ fn tx_batch_matches_chain_by_chain() {
     let frame_max = 65_562;
     let mut buf = vec![0u8; frame_max + 64 * 1024];
     let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert_eq!(batch.len(), 6);
     let heads: Vec<u16> = batch.iter().map(|s| s.chain.head).collect();
     assert_eq!(heads, [0, 2, 5, 6, 7, 8]);
@@ -681,35 +676,21 @@ fn tx_batch_matches_chain_by_chain() {
     for (i, h) in heads.iter().enumerate() {
         assert_eq!(used(&vq, i), (u32::from(*h), 0));
     }
-    // Split off the buffer as a worker does, good chains only: the same bytes.
+    // Split off the arena as a worker does, good chains only: the same bytes, each chain
+    // starting where the ones before it end.
     let copy = buf.clone();
-    let mut arena = ArenaSlots::new(&mut buf);
+    let mut arena = Arena::new(&mut buf);
+    let mut taken = 0;
     for s in &batch {
         if let Ok(n) = s.chain.result {
-            let slot = arena.take(s.start, n).unwrap();
+            assert_eq!(s.start, taken);
+            let slot = arena.take(n).unwrap();
             assert_eq!(&slot[..], &copy[s.start..s.start + n]);
+            taken += n;
         }
     }
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert!(batch.is_empty());
-}
-
-/// The arena hands out each chain's bytes once, in order: a range overlapping one taken
-/// before, or past the buffer, is refused, and gaps between chains are skipped.
-#[test]
-fn arena_slots_are_disjoint_and_in_order() {
-    let mut buf: Vec<u8> = (0..100).collect();
-    let mut arena = ArenaSlots::new(&mut buf);
-    assert_eq!(arena.take(0, 10).unwrap()[9], 9);
-    assert!(arena.take(5, 10).is_none(), "overlaps the first");
-    assert_eq!(arena.take(10, 0).map(|s| s.len()), Some(0));
-    let gap = arena.take(20, 30).unwrap();
-    assert_eq!((gap[0], gap.len()), (20, 30));
-    assert!(arena.take(40, 5).is_none(), "inside one taken");
-    assert!(arena.take(90, 11).is_none(), "past the end");
-    assert!(arena.take(usize::MAX, 2).is_none());
-    assert_eq!(arena.take(90, 10).unwrap()[9], 99);
-    assert!(arena.take(100, 1).is_none());
 }
 
 /// A batch stops at its chain budget, its walk budget, and when the buffer has no room left
@@ -733,17 +714,39 @@ fn tx_batch_stops_at_its_limits() {
     let mut buf = vec![0u8; 4000];
     let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
     // At most TX_BATCH chains, whatever the budget.
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 8192, &mut batch).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert_eq!(batch.len(), TX_BATCH);
     // The chain budget.
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 3, 8192, &mut batch).unwrap();
+    pop_tx_batch(
+        &mut q,
+        &m,
+        HDR,
+        &mut buf,
+        BatchLimits {
+            chains: 3,
+            ..limits(frame_max)
+        },
+        &mut batch,
+    )
+    .unwrap();
     assert_eq!(batch.len(), 3);
     // The walk budget: two descriptors per chain, so the second chain goes past 3.
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, frame_max, 256, 3, &mut batch).unwrap();
+    pop_tx_batch(
+        &mut q,
+        &m,
+        HDR,
+        &mut buf,
+        BatchLimits {
+            walk: 3,
+            ..limits(frame_max)
+        },
+        &mut batch,
+    )
+    .unwrap();
     assert_eq!(batch.len(), 2);
     // Room: 4000 bytes hold 72-byte chains until fewer than 1000 are left.
     let mut small = vec![0u8; 1100];
-    pop_tx_batch(&mut q, &m, HDR, &mut small, frame_max, 256, 8192, &mut batch).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut small, limits(frame_max), &mut batch).unwrap();
     assert_eq!(batch.len(), 2, "1100 - 72 = 1028 >= 1000, then 956 < 1000");
     assert_eq!(used_idx(&vq), 39);
 }

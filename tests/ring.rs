@@ -4,8 +4,7 @@
 //! returning them both ways must leave the same used ring and the same interrupt decision.
 //! A prefetch of any of it first changes none of that.
 
-use dpaa_vnic::ports::vhost_user::queue::wants_interrupt_after;
-use dpaa_vnic::ports::vhost_user::ring::{GuestBuffers, SplitRing};
+use dpaa_vnic::ports::vhost_user::split_ring::{wants_interrupt_after, GuestBuffers, SplitRing};
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{FilterRegs, Layout};
 use dpaa_vnic::device::NicState;
-use dpaa_vnic::ports::vhost_user::queue::pop_ctrl;
+use dpaa_vnic::ports::vhost_user::pop_ctrl;
 use dpaa_vnic::wire::MacAddr;
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueT;

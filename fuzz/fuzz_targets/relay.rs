@@ -4,9 +4,9 @@
 //! accepts is ever read.
 #![no_main]
 
-use dpaa_vnic::ports::vhost_user::proxy;
+use dpaa_vnic::ports::vhost_user::relay;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = proxy::read_all(data);
+    let _ = relay::read_all(data);
 });

@@ -5,7 +5,8 @@
 
 mod common;
 
-use dpaa_vnic::ports::vhost_user::queue::{push_rx_burst, RxBurst, MAX_FRAME_DESCS, MAX_RX_BUFFERS};
+use dpaa_vnic::ports::vhost_user::rx_chain::{RxRun, MAX_RX_BUFFERS};
+use dpaa_vnic::ports::vhost_user::split_ring::{SplitRing, MAX_FRAME_DESCS};
 use dpaa_vnic::wire::VirtioNetHdr;
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueT;
@@ -20,14 +21,17 @@ fuzz_target!(|data: &[u8]| {
     let mrg = flags & 1 != 0;
     let hdr_len = if flags & 2 != 0 { 12 } else { 10 };
     let frame: Vec<u8> = (0..usize::from(flags >> 2) * 100).map(|i| i as u8).collect();
-    // One burst for the four frames, as the daemon writes a run: the avail index read by
-    // one frame is reused by the next.
-    let mut burst = RxBurst::new(hdr_len, mrg);
+    // One run for the four frames, as the daemon writes one: the avail index read by one
+    // frame is reused by the next.
+    let Some(ring) = SplitRing::new(&q, &m) else {
+        return;
+    };
+    let mut run = RxRun::new(hdr_len, mrg);
     for _ in 0..4 {
         let before = q.next_used();
-        let was = burst.walked();
-        let r = push_rx_burst(&mut q, &m, &mut burst, &VirtioNetHdr::default(), &frame);
-        let walked = burst.walked() - was;
+        let was = run.walked();
+        let r = run.push(&mut q, &ring, &VirtioNetHdr::default(), &frame);
+        let walked = run.walked() - was;
         assert!(walked <= MAX_FRAME_DESCS + 1, "walked {walked}");
         let used = q.next_used().wrapping_sub(before);
         assert!(
@@ -38,4 +42,5 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(n, used);
         }
     }
+    let _ = run.finish(&q, &ring);
 });

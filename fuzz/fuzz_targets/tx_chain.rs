@@ -12,12 +12,13 @@ use dpaa_vnic::device::rss::Steering;
 use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
-use dpaa_vnic::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
-use dpaa_vnic::ports::vhost_user::queue::{pop_tx, pop_tx_batch, TxSlot, MAX_FRAME_DESCS, TX_BATCH};
-use dpaa_vnic::stats::{Tally, TallyHandle};
+use dpaa_vnic::pipeline::{Egress, Ingress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
+use dpaa_vnic::ports::arena::Arena;
+use dpaa_vnic::ports::vhost_user::split_ring::MAX_FRAME_DESCS;
+use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
-use virtio_queue::QueueT;
 
 /// A port that checks what it is given; `segments`: it takes no GSO, so frames are cut.
 /// Each frame is steered (RSS) over four queues, as a guest port's RX path does.
@@ -27,17 +28,23 @@ struct Check {
 }
 
 impl Egress for Check {
-    fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
-        assert!(
-            EthernetFrame::new_checked(&*pkt.frame).is_ok(),
-            "a runt reached a port"
-        );
-        assert!(self.rss.steer(pkt.frame).queue < 4);
-        if self.segments && pkt.hdr.gso_type != 0 {
-            let _ = gso::segment(&pkt.hdr, pkt.frame, segment, |_, seg| {
-                assert!(EthernetFrame::new_checked(&*seg).is_ok());
-            });
+    fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, segment: &mut Vec<u8>) -> usize {
+        let mut n = 0;
+        while let Some(f) = frames.next() {
+            let pkt = f.pkt;
+            assert!(
+                EthernetFrame::new_checked(&*pkt.frame).is_ok(),
+                "a runt reached a port"
+            );
+            assert!(self.rss.steer(pkt.frame).queue < 4);
+            if self.segments && pkt.hdr.gso_type != 0 {
+                let _ = gso::segment(&pkt.hdr, pkt.frame, segment, |_, seg| {
+                    assert!(EthernetFrame::new_checked(&*seg).is_ok());
+                });
+            }
+            n += 1;
         }
+        n
     }
 }
 
@@ -70,62 +77,50 @@ fn switch() -> Arc<Switch> {
     sw
 }
 
-/// What one worker owns: its counters, its route cache, its buffers.
-type Worker = (TallyHandle, RouteCache, Buffers);
-
-/// Sends one copied chain (header first) through the switch, as a worker does.
-fn forward(sw: &Switch, (tally, routes, bufs): &mut Worker, chain: &mut [u8]) {
-    let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
-        return;
-    };
-    let mut pkt = Packet::new(hdr, &mut chain[12..]);
-    let mut from = Ingress {
-        port: 0,
-        queue: 0,
-        tally,
-        routes,
-        bufs,
-    };
-    sw.forward(&mut from, &mut pkt);
-}
-
 fuzz_target!(|data: &[u8]| {
     let Some((m, mut q)) = common::queue(data) else {
         return;
     };
     let sw = switch();
-    let mut worker = (sw.tallies().register(), RouteCache::default(), Buffers::default());
-    let mut buf = vec![0u8; 65_600];
-    for _ in 0..common::QSIZE {
-        let Ok(Some(t)) = pop_tx(&mut q, &m, 12, &mut buf) else {
-            break;
-        };
-        assert!(t.walked <= MAX_FRAME_DESCS + 1, "walked {}", t.walked);
-        let _ = q.add_used(&m, t.head, 0);
-        let Ok(n) = t.result else { continue };
-        forward(&sw, &mut worker, &mut buf[..n]);
-    }
-    sw.flush(&worker.0);
-    // The same chains again, popped in batches as the workers do: each chain's walk stays
-    // bounded, a batch never holds more than TX_BATCH, every chain of it lies within the
-    // buffer, and its frames go through the switch as above.
-    let Some((m, mut q)) = common::queue(data) else {
-        return;
-    };
-    let mut arena = vec![0u8; 65_600 + 4096];
+    let tally = sw.tallies().register();
+    let (mut routes, mut originated, mut bufs) = (RouteCache::default(), Vec::new(), OutboxBuffers::default());
+    // The chains popped in batches as the workers do, back to back into an arena: each
+    // chain's walk stays bounded, a batch never holds more than TX_BATCH, every chain of it
+    // lies within the arena where the ones before it end, and its frames go through the
+    // switch into one outbox.
+    let mut buf = vec![0u8; 65_600 + 4096];
     let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let limits = BatchLimits {
+        frame_max: 65_600,
+        chains: 256,
+        walk: 8192,
+    };
     for _ in 0..common::QSIZE {
-        if pop_tx_batch(&mut q, &m, 12, &mut arena, 65_600, 256, 8192, &mut batch).is_err()
-            || batch.is_empty()
-        {
+        let mut arena = Arena::new(&mut buf);
+        let mut out = sw.outbox(&tally, &mut bufs);
+        let mut from = Ingress {
+            port: 0,
+            queue: 0,
+            tally: &tally,
+            routes: &mut routes,
+            originated: &mut originated,
+        };
+        if pop_tx_batch(&mut q, &m, 12, arena.room(), limits, &mut batch).is_err() || batch.is_empty() {
             break;
         }
         assert!(batch.len() <= TX_BATCH);
+        let rules = sw.rules().load();
+        let mut taken = 0;
         for s in batch.drain(..) {
             assert!(s.chain.walked <= MAX_FRAME_DESCS + 1, "walked {}", s.chain.walked);
             let Ok(n) = s.chain.result else { continue };
-            forward(&sw, &mut worker, &mut arena[s.start..s.start + n]);
+            assert_eq!(s.start, taken, "chains lie back to back");
+            taken += n;
+            let chain = arena.take(n).expect("a chain within the arena");
+            let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {
+                continue;
+            };
+            sw.forward(&rules, &mut from, Packet::new(hdr, &mut chain[12..]), &mut out);
         }
     }
-    sw.flush(&worker.0);
 });

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 use thiserror::Error;
 
-use crate::ports::WarnLimiter;
+use crate::logging::WarnLimiter;
 use crate::stop::Stop;
 
 /// A cap on connections served at once. A connection holds a [`Slot`] until it ends.

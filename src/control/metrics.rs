@@ -20,8 +20,8 @@ use thiserror::Error;
 
 use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, FilterView, StatsView};
-use super::Daemon;
-use crate::device::filter::model::FilterStats;
+use super::view::{Daemon, PortFilter};
+use crate::device::filter::regs::FilterStats;
 use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 use crate::stop::{Stop, Stoppable};
 
@@ -149,7 +149,7 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         &format!(
             "version=\"{}\",interface=\"{}\"",
             env!("CARGO_PKG_VERSION"),
-            super::INTERFACE_VERSION
+            super::version::INTERFACE_VERSION
         ),
         1,
     );
@@ -183,44 +183,8 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         x.counters(&p.filter, FilterStats::HELP, &port);
     }
     for f in &filter.ports {
-        let Some(port) = port_labels(f.id) else { continue };
-        x.gauge(
-            "multicast_addresses",
-            "Multicast addresses in the guest's list, as the filter was last synced to it.",
-            &port,
-            f.multicast.len(),
-        );
-        x.gauge(
-            "filter_buckets",
-            "Hash buckets the port's filter layout has (0: exact layout).",
-            &port,
-            f.filter.buckets_total,
-        );
-        x.gauge(
-            "filter_buckets_used",
-            "Hash buckets at least one address of the guest's lists maps to.",
-            &port,
-            f.filter.buckets.len(),
-        );
-        x.gauge(
-            "filter_multicast_overflow",
-            "1 while the filter holds more multicast than its layout keeps and accepts all.",
-            &port,
-            u8::from(f.filter.mc_overflow),
-        );
-        x.gauge(
-            "filter_unicast_overflow",
-            "1 while the filter holds more unicast than its layout keeps and accepts all.",
-            &port,
-            u8::from(f.filter.uc_overflow),
-        );
-        if let Some(n) = f.snooped_groups {
-            x.gauge(
-                "snooped_groups",
-                "--snoop: groups learned from the guest's IGMP and MLD reports.",
-                &port,
-                n,
-            );
+        if let Some(port) = port_labels(f.id) {
+            filter_gauges(&mut x, f, &port);
         }
     }
     for (server, v) in fields(&stats.clients_refused) {
@@ -232,6 +196,48 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         );
     }
     x.text()
+}
+
+/// The state of one port's filter, as gauges labelled `port`.
+fn filter_gauges(x: &mut Exposition, f: &PortFilter, port: &str) {
+    x.gauge(
+        "multicast_addresses",
+        "Multicast addresses in the guest's list, as the filter was last synced to it.",
+        port,
+        f.multicast.len(),
+    );
+    x.gauge(
+        "filter_buckets",
+        "Hash buckets the port's filter layout has (0: exact layout).",
+        port,
+        f.filter.buckets_total,
+    );
+    x.gauge(
+        "filter_buckets_used",
+        "Hash buckets at least one address of the guest's lists maps to.",
+        port,
+        f.filter.buckets.len(),
+    );
+    x.gauge(
+        "filter_multicast_overflow",
+        "1 while the filter holds more multicast than its layout keeps and accepts all.",
+        port,
+        u8::from(f.filter.mc_overflow),
+    );
+    x.gauge(
+        "filter_unicast_overflow",
+        "1 while the filter holds more unicast than its layout keeps and accepts all.",
+        port,
+        u8::from(f.filter.uc_overflow),
+    );
+    if let Some(n) = f.snooped_groups {
+        x.gauge(
+            "snooped_groups",
+            "--snoop: groups learned from the guest's IGMP and MLD reports.",
+            port,
+            n,
+        );
+    }
 }
 
 /// Serves `/metrics` from a background thread until `stop` is requested; returns the
@@ -439,8 +445,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn text_format_groups_series_under_one_type_line() {
+    /// One vhost-user port with a few counters set, and one control client refused.
+    fn stats_view() -> StatsView {
         let q = |queue, rx| QueueView {
             queue,
             counters: QueueSnapshot {
@@ -448,7 +454,7 @@ mod tests {
                 ..Default::default()
             },
         };
-        let view = StatsView {
+        StatsView {
             ports: vec![PortStats {
                 id: 0,
                 kind: "vhost-user",
@@ -478,7 +484,12 @@ mod tests {
                 control: 0,
                 metrics: 2,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn text_format_groups_series_under_one_type_line() {
+        let view = stats_view();
         let text = render(&view, &filter_view());
         let port = r#"port="0",port_name="/run/a \"b\"\\c.sock",kind="vhost-user""#;
         assert_eq!(
@@ -502,7 +513,7 @@ mod tests {
             format!("dpaa_vnic_snooped_groups{{{port}}} 5\n"),
             "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
             format!(
-                "dpaa_vnic_build_info{{version=\"{}\",interface=\"1\"}} 1\n",
+                "dpaa_vnic_build_info{{version=\"{}\",interface=\"2\"}} 1\n",
                 env!("CARGO_PKG_VERSION")
             ),
             "# TYPE dpaa_vnic_connected gauge\n".to_string(),

@@ -12,11 +12,9 @@ pub mod client;
 pub mod metrics;
 pub mod qmp;
 pub mod server;
+pub mod version;
 pub mod view;
 
-pub use server::{ControlServer, Daemon};
-
-/// The version of the interface docs/interface.md describes: the control socket's JSON keys
-/// and the metric names of `--metrics`. A key or metric may be added within a version;
-/// renaming or removing one, or changing its meaning, raises it.
-pub const INTERFACE_VERSION: u32 = 1;
+pub use server::ControlServer;
+pub use version::INTERFACE_VERSION;
+pub use view::Daemon;

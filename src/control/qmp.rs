@@ -225,7 +225,7 @@ pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>, stop: &Stop) -> io::Result<Sto
                 match follow(&spec, &port, &current, &stop) {
                     Ok(()) => {}
                     Err(e) => {
-                        let msg = crate::ports::vhost_user::error_chain(&e);
+                        let msg = crate::logging::error_chain(&e);
                         // Say it once per kind of failure, not every retry.
                         if msg != last_err {
                             match e {

@@ -9,7 +9,7 @@
 use std::io::{self, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -19,11 +19,10 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::bounded::{self, Framed, Limits, ReadError};
-use super::view::{self, PortRef};
+use super::view::{self, Daemon};
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::Route;
 use crate::pipeline::rules::{NamesPort, Rules};
-use crate::pipeline::Switch;
 use crate::stop::{Stop, Stoppable};
 use crate::unix_socket::{self, SocketAccess, SocketError};
 
@@ -52,22 +51,6 @@ struct Request {
     /// The argument of commands that take one (an action or route spec).
     #[serde(default)]
     arg: Option<String>,
-}
-
-/// What the control socket can see and change.
-pub struct Daemon {
-    pub ports: Vec<PortRef>,
-    pub switch: Arc<Switch>,
-    /// Clients of the control socket and of `--metrics` that were refused (over the cap,
-    /// oversized or slow requests).
-    pub refused: ClientRefusals,
-}
-
-/// Counts of refused clients, by server.
-#[derive(Debug, Default)]
-pub struct ClientRefusals {
-    pub control: AtomicU64,
-    pub metrics: AtomicU64,
 }
 
 pub struct ControlServer {
@@ -209,7 +192,7 @@ pub fn answer(d: &Daemon, line: &str) -> String {
 /// Adds `"version"` to an answer (every answer is an object).
 fn versioned(v: &mut serde_json::Value) {
     if let Some(m) = v.as_object_mut() {
-        m.insert("version".into(), super::INTERFACE_VERSION.into());
+        m.insert("version".into(), super::version::INTERFACE_VERSION.into());
     }
 }
 

@@ -1,13 +1,13 @@
 //! JSON views of the daemon's ports for `ctl stats` and `ctl filter`. Key names are stable.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::Daemon;
 use crate::device::features::Attachment;
-use crate::device::filter::model::{FilterSnapshot, FilterStats};
+use crate::device::filter::model::FilterSnapshot;
+use crate::device::filter::regs::FilterStats;
 use crate::device::rx_state::MacList;
 use crate::device::RxMode;
 use crate::pipeline::Switch;
@@ -21,6 +21,22 @@ use crate::wire::MacAddr;
 pub enum PortRef {
     Guest(Arc<GuestPort>),
     Tap(Arc<TapPort>),
+}
+
+/// What the control socket can see and change.
+pub struct Daemon {
+    pub ports: Vec<PortRef>,
+    pub switch: Arc<Switch>,
+    /// Clients of the control socket and of `--metrics` that were refused (over the cap,
+    /// oversized or slow requests).
+    pub refused: ClientRefusals,
+}
+
+/// Counts of refused clients, by server.
+#[derive(Debug, Default)]
+pub struct ClientRefusals {
+    pub control: AtomicU64,
+    pub metrics: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -103,7 +119,7 @@ pub fn stats(d: &Daemon) -> StatsView {
                     totals,
                     ctrl: g.ctrl_stats.snapshot(),
                     ctrl_answer: g.ctrl_stats.ctrl_answer.quantiles(),
-                    conn: g.conn_stats.snapshot(),
+                    conn: g.health.stats.snapshot(),
                     filter,
                 }
             }

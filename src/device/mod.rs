@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod config;
+pub mod config_space;
 pub mod ctrl;
 pub mod features;
 pub mod filter;
@@ -13,7 +13,7 @@ pub mod rss;
 pub mod rx_state;
 pub mod snoop;
 
-pub use config::NetConfig;
+pub use config_space::NetConfig;
 pub use ctrl::{CtrlError, CtrlOutcome, ValidCommand};
 pub use nic::NicState;
 pub use rx_state::{RxMode, RxState};

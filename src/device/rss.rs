@@ -13,7 +13,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::wire::ip::{Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_TCP, PROTO_UDP};
-use crate::wire::layout::{Layout, Network};
+use crate::wire::layers::{Layers, Network};
 
 /// Key and table sizes we advertise in config space (the Linux driver's maxima).
 pub const MAX_KEY: usize = 40;
@@ -203,10 +203,10 @@ impl Toeplitz {
 }
 
 /// The bytes a frame hashes over and the report type, per the enabled hash types.
-fn hash_input(layout: &Layout, frame: &[u8], types: u32, buf: &mut [u8; MAX_INPUT]) -> Option<(usize, u16)> {
-    let ip = layout.ip(frame)?;
+fn hash_input(layers: &Layers, frame: &[u8], types: u32, buf: &mut [u8; MAX_INPUT]) -> Option<(usize, u16)> {
+    let ip = layers.ip(frame)?;
     let ports = |l4: Option<&[u8]>| l4.and_then(|l| l.get(0..4)).map(|p| [p[0], p[1], p[2], p[3]]);
-    match layout.network {
+    match layers.network {
         Network::V4 => {
             let p = Ipv4Packet::new_checked(ip).ok()?;
             buf[0..4].copy_from_slice(&p.src().octets());
@@ -227,7 +227,7 @@ fn hash_input(layout: &Layout, frame: &[u8], types: u32, buf: &mut [u8; MAX_INPU
             let p = Ipv6Packet::new_checked(ip).ok()?;
             buf[0..16].copy_from_slice(&p.src().octets());
             buf[16..32].copy_from_slice(&p.dst().octets());
-            if let Some(Ipv6Upper::Found { proto, offset, .. }) = layout.upper() {
+            if let Some(Ipv6Upper::Found { proto, offset, .. }) = layers.upper() {
                 let (tcp, udp) = (proto == PROTO_TCP, proto == PROTO_UDP);
                 if (tcp && types & HASH_TCPV6 != 0) || (udp && types & HASH_UDPV6 != 0) {
                     if let Some(pp) = ports(ip.get(offset..)) {
@@ -291,13 +291,13 @@ impl Steering {
     /// Hashes a frame and picks its queue. Frames of no enabled type go to the
     /// unclassified queue with report NONE.
     pub fn steer(&self, frame: &[u8]) -> Steered {
-        self.steer_by(&Layout::parse(frame), frame)
+        self.steer_by(&Layers::parse(frame), frame)
     }
 
-    /// [`Steering::steer`] for a frame whose layers `layout` found.
-    pub fn steer_by(&self, layout: &Layout, frame: &[u8]) -> Steered {
+    /// [`Steering::steer`] for a frame whose layers `layers` found.
+    pub fn steer_by(&self, layers: &Layers, frame: &[u8]) -> Steered {
         let mut buf = [0u8; MAX_INPUT];
-        match hash_input(layout, frame, self.hash_types, &mut buf) {
+        match hash_input(layers, frame, self.hash_types, &mut buf) {
             Some((n, report)) => {
                 let hash = self.toeplitz.hash(&buf[..n]);
                 let queue = if self.indirection.is_empty() {

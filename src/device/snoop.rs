@@ -8,7 +8,7 @@
 //! postpones them while changes keep coming and merges what changed meanwhile; a group left
 //! while in EXCLUDE mode and joined again source-specifically before the report went out
 //! loses its pending TO_IN record (`igmpv3_del_delrec`), so a router that only followed
-//! the records would keep it in EXCLUDE mode for ever (found by `guest-tests/churn.sh`).
+//! the records would keep it in EXCLUDE mode for ever (`guest-tests/churn.sh` makes it).
 //! A router recovers through its queries; so does the snooper: once a guest's change reports
 //! go quiet for [`AUDIT_QUIET`], it asks for the guest's whole state with a general query
 //! (an audit). Everything answered within [`AUDIT_WINDOW`] is confirmed; a group left

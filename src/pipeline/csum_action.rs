@@ -11,13 +11,13 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use thiserror::Error;
 
-use super::Packet;
+use super::packet::Packet;
 use crate::wire::checksum::write_checksum;
 use crate::wire::ip::{
     self, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP, PROTO_SCTP, PROTO_TCP,
     PROTO_UDP, PROTO_UDPLITE,
 };
-use crate::wire::layout::{Layout, Network};
+use crate::wire::layers::{Layers, Network};
 use crate::wire::virtio_net_hdr::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN, GSO_TCPV4, GSO_TCPV6};
 use crate::wire::VirtioNetHdr;
 
@@ -227,7 +227,7 @@ impl CsumAction {
         if self.proto.is_none() && self.dst.is_none() {
             return true;
         }
-        let Some((proto, _, dst)) = pkt.layout().addresses(pkt.frame) else {
+        let Some((proto, _, dst)) = pkt.layers().addresses(pkt.frame) else {
             return false;
         };
         self.proto.is_none_or(|p| p == proto) && self.dst.is_none_or(|net| net.contains(&dst))
@@ -314,24 +314,24 @@ fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo: u64) -> bool {
 /// Recomputes the `targets` checksums of one Ethernet frame in place, honouring GSO (a
 /// segmentation-offload packet's TCP/SCTP checksum is the segmenter's business).
 pub fn update(frame: &mut [u8], targets: Targets, hdr: &VirtioNetHdr) -> Result<Done, CsumFail> {
-    update_by(&Layout::parse(frame), frame, targets, hdr)
+    update_by(&Layers::parse(frame), frame, targets, hdr)
 }
 
-/// [`update`] of a frame whose layers `layout` found.
+/// [`update`] of a frame whose layers `layers` found.
 pub fn update_by(
-    layout: &Layout,
+    layers: &Layers,
     frame: &mut [u8],
     targets: Targets,
     hdr: &VirtioNetHdr,
 ) -> Result<Done, CsumFail> {
-    let Some(ip) = layout.ip_mut(frame) else {
+    let Some(ip) = layers.ip_mut(frame) else {
         return Ok(Done::default());
     };
     let gso = hdr.gso_type & !GSO_ECN;
-    match layout.network {
+    match layers.network {
         // A bad header: the view's constructor, first thing in each, says why.
         Network::V4 | Network::BadV4 => update_v4(ip, targets, gso),
-        Network::V6 => update_v6(ip, layout.upper(), targets, gso),
+        Network::V6 => update_v6(ip, layers.upper(), targets, gso),
         Network::BadV6 => update_v6(ip, None, targets, gso),
         Network::Other => Ok(Done::default()),
     }
@@ -397,7 +397,7 @@ fn update_v4(ip: &mut [u8], targets: Targets, gso: u8) -> Result<Done, CsumFail>
     Ok(done)
 }
 
-/// `upper`: what the layout found after the extension headers of the IPv6 header `ip`
+/// `upper`: what the layers found after the extension headers of the IPv6 header `ip`
 /// (`None`: they run past the packet).
 fn update_v6(ip: &mut [u8], upper: Option<Ipv6Upper>, targets: Targets, gso: u8) -> Result<Done, CsumFail> {
     let p = Ipv6Packet::new_checked(&*ip)?;
@@ -464,15 +464,15 @@ pub enum ActionVerdict {
 /// checksum loses NEEDS_CSUM): a GUEST_CSUM receiver need not verify what was just computed.
 ///
 /// The frame is parsed once, by the first action that looks into it; the rest reuse its
-/// layout (the sums they write move no layer).
+/// layers (the sums they write move no layer).
 pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Option<CsumFail>) {
     let mut verdict = ActionVerdict::Untouched;
     for a in actions {
         if !a.matches(pkt) {
             continue;
         }
-        let layout = pkt.layout();
-        match update_by(&layout, pkt.frame, a.update, &pkt.hdr) {
+        let layers = pkt.layers();
+        match update_by(&layers, pkt.frame, a.update, &pkt.hdr) {
             Ok(d) => {
                 if d.l4_complete {
                     pkt.hdr.flags = (pkt.hdr.flags & !F_NEEDS_CSUM) | F_DATA_VALID;
@@ -808,8 +808,8 @@ mod tests {
                 f[12..14].copy_from_slice(&if v6 { ETHERTYPE_IPV6 } else { ETHERTYPE_IPV4 }.to_be_bytes());
                 f[14] = (f[14] & 0x0f) | if v6 { 0x60 } else { 0x40 };
             }
-            // Two actions, the second matching on the layout the first one parsed: debug
-            // builds check in `Packet::layout` that the sums written moved no layer.
+            // Two actions, the second matching on the layers the first one parsed: debug
+            // builds check in `Packet::layers` that the sums written moved no layer.
             let all = act("port=0,dir=egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp");
             let again = act("port=0,dir=egress,update=iph+udp,proto=udp");
             run(&[all, again], &mut Packet::new(VirtioNetHdr::default(), &mut f));

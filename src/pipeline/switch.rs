@@ -1,127 +1,30 @@
 //! The in-process L2 switch that joins ports: unicast to the learned port, unknown unicast,
-//! broadcast and multicast flooded to every other port.
+//! broadcast and multicast flooded to every other port; checksum actions on the way in and
+//! out, and the router between them when one is configured.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use log::trace;
 
-use super::buffers::Buffers;
 use super::csum_action::{self, ActionVerdict, Dir};
 use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
+use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports};
+use super::packet::Packet;
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};
-use crate::wire::layout::Layout;
 use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
 
-/// A frame in flight with its virtio-net header. The frame is mutable so an egress that must
-/// complete a partial checksum can do it in place (and clear NEEDS_CSUM for those after it).
-pub struct Packet<'a> {
-    pub hdr: VirtioNetHdr,
-    pub frame: &'a mut [u8],
-    /// The frame's layers, parsed by the first stage that needs them and kept for the rest
-    /// of the path (issue 17, "parse once"): a frame no stage looks into is never parsed.
-    layout: Option<Layout>,
-    /// The frame's bytes stay where they are, unchanged, until the sending thread's next
-    /// [`Switch::flush`], so the port that gets it last may keep a pointer to them instead
-    /// of a copy ([`Packet::pinned`]).
-    pinned: bool,
-}
-
-impl<'a> Packet<'a> {
-    pub fn new(hdr: VirtioNetHdr, frame: &'a mut [u8]) -> Self {
-        Packet {
-            hdr,
-            frame,
-            layout: None,
-            pinned: false,
-        }
-    }
-
-    /// A packet whose frame a port may hold by pointer until the sending thread flushes:
-    /// a guest port then writes it into its ring from where it lies, without a copy into
-    /// its stage (vhost_user/stage.rs). The switch hands it so only to the frame's last
-    /// destination; the others of a flood get the frame as [`Packet::new`] makes it.
-    ///
-    /// # Safety
-    ///
-    /// Until this thread's next [`Switch::flush`] (of the switch it forwards through)
-    /// returns, the bytes of `frame` must stay allocated, and nothing may write to them or
-    /// take a `&mut` to them but this packet and what it is handed to.
-    #[allow(unsafe_code)]
-    pub unsafe fn pinned(hdr: VirtioNetHdr, frame: &'a mut [u8]) -> Self {
-        Packet {
-            pinned: true,
-            ..Packet::new(hdr, frame)
-        }
-    }
-
-    /// Whether the frame may be held by pointer until the sending thread's next flush
-    /// (see [`Packet::pinned`]): set only while the packet goes to its last destination.
-    pub fn is_pinned(&self) -> bool {
-        self.pinned
-    }
-
-    /// The frame's layout, parsed at the first call. What the pipeline rewrites in place
-    /// (MACs, TTL, addresses, checksums) never moves a layer (wire/layout.rs); debug builds
-    /// check that against a fresh parse on every call.
-    #[inline]
-    pub fn layout(&mut self) -> Layout {
-        debug_assert!(
-            self.layout.is_none_or(|l| l == Layout::parse(self.frame)),
-            "a rewrite moved a layer of the frame"
-        );
-        if let Some(l) = self.layout {
-            return l;
-        }
-        let l = Layout::parse(self.frame);
-        self.layout = Some(l);
-        l
-    }
-
-    /// This packet with its frame copied into `buf`: the same header, and the layout
-    /// already found.
-    pub fn copy_into<'b>(&self, buf: &'b mut Vec<u8>) -> Packet<'b> {
-        buf.clear();
-        buf.extend_from_slice(self.frame);
-        Packet {
-            hdr: self.hdr,
-            frame: buf,
-            layout: self.layout,
-            pinned: false,
-        }
-    }
-}
-
-/// Something a port can be sent to.
-pub trait Egress: Send + Sync {
-    /// Hands one frame to the port. `flow` selects the queue; what happens to the frame is
-    /// counted in `tally`, the sending worker's own counters. A port that must cut a GSO
-    /// frame into segments builds them in `segment`, the sending worker's buffer.
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>);
-
-    /// Finishes what `send` may defer to the end of a burst: a guest port checks once
-    /// whether its driver wants an interrupt for every frame written since, instead of once
-    /// per frame, and guest ports write out the frames they staged. `tally` is the
-    /// flushing worker's, the one its `send`s counted on. Every worker that forwards calls
-    /// [`Switch::flush`] after a burst.
-    fn flush(&self, _tally: &Tally) {}
-}
-
-/// Frames a worker forwards before it flushes the ports it wrote to, even when its burst
-/// goes on: Linux vhost-net signals its used entries in batches of VHOST_NET_BATCH (64)
-/// too, so a receiving guest never waits for a whole burst.
-pub const FLUSH_BATCH: usize = 64;
-
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
-/// counters, its route cache).
+/// counters, its route cache, the buffer the router builds its own frames in).
 pub struct Ingress<'a> {
     pub port: usize,
     pub queue: usize,
     pub tally: &'a Tally,
     pub routes: &'a mut RouteCache,
-    pub bufs: &'a mut Buffers,
+    /// A frame the router originates: an ARP or ND answer or request, an ICMP error.
+    pub originated: &'a mut Vec<u8>,
 }
 
 impl Ingress<'_> {
@@ -129,16 +32,6 @@ impl Ingress<'_> {
     pub fn stats(&self) -> &QueueStats {
         self.tally.at(self.port, self.queue)
     }
-}
-
-/// Where a delivery is counted, which snapshot it follows, and the sending worker's
-/// buffers for a copy and for segments.
-struct Out<'a> {
-    rules: &'a Rules,
-    tally: &'a Tally,
-    flow: usize,
-    copy: &'a mut Vec<u8>,
-    segment: &'a mut Vec<u8>,
 }
 
 /// Where a frame went.
@@ -153,7 +46,7 @@ pub enum Forwarded {
 }
 
 pub struct Switch {
-    ports: Vec<OnceLock<Arc<dyn Egress>>>,
+    ports: Ports,
     fdb: Fdb,
     neigh: Neighbours,
     rules: LiveRules,
@@ -188,7 +81,7 @@ impl Switch {
     /// A switch whose ports have `queues` queues each (counters are kept per queue).
     pub fn with_queues(rules: Rules, queues: usize) -> Self {
         Switch {
-            ports: (0..rules.nports()).map(|_| OnceLock::new()).collect(),
+            ports: Ports::new(rules.nports()),
             fdb: Fdb::new(rules.nports(), DEFAULT_PORT_LIMIT),
             neigh: Neighbours::new(rules.nports(), DEFAULT_NEIGH_LIMIT),
             tallies: Tallies::new(rules.nports(), queues),
@@ -225,9 +118,18 @@ impl Switch {
 
     /// Plugs `egress` in as port `id`; each port is attached once, at start-up.
     pub fn attach(&self, id: usize, egress: Arc<dyn Egress>) {
-        if let Some(slot) = self.ports.get(id) {
-            let _ = slot.set(egress);
-        }
+        self.ports.attach(id, egress);
+    }
+
+    /// Port `id`, once attached.
+    fn port(&self, id: usize) -> Option<&Arc<dyn Egress>> {
+        self.ports.get(id)
+    }
+
+    /// An empty outbox for a worker to forward into: it writes to this switch's ports and
+    /// counts in `tally`, the worker's counters, with the worker's `bufs`.
+    pub fn outbox<'a>(&'a self, tally: &'a Tally, bufs: &'a mut OutboxBuffers) -> Outbox<'a> {
+        Outbox::new(&self.ports, tally, bufs)
     }
 
     pub fn fdb(&self) -> &Fdb {
@@ -242,29 +144,23 @@ impl Switch {
         self.ports.len()
     }
 
-    /// Completes every port's deferred work (see [`Egress::flush`]): called by each worker
-    /// after a burst of [`Switch::forward`]s, at least every [`FLUSH_BATCH`] frames.
-    pub fn flush(&self, tally: &Tally) {
-        for p in self.ports.iter().filter_map(OnceLock::get) {
-            p.flush(tally);
-        }
-    }
-
-    /// Sends one frame where it goes. Guest ports defer their interrupts: the caller calls
-    /// [`Switch::flush`] after its burst.
-    pub fn forward(&self, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
-        self.forward_by(&self.rules.load(), from, pkt)
-    }
-
-    /// [`Switch::forward`] by the rules `rules`, a snapshot the caller took for its batch
-    /// ([`LiveRules::load`]). Each snapshot swaps its pointer into a debt slot with SeqCst
-    /// (arc-swap 1.9, `debt/fast.rs`): a full barrier that waits for every store before it,
-    /// here the guest's ring lines, so a worker takes one per batch, not one per frame. A
-    /// batch forwarded by the rules of its start is as if it had come a batch earlier.
-    pub fn forward_by(&self, rules: &Rules, from: &mut Ingress<'_>, pkt: &mut Packet<'_>) -> Forwarded {
+    /// Sends one frame where it goes, by `rules`, a snapshot the caller took for its whole
+    /// batch ([`LiveRules::load`]): each load swaps a pointer into a debt slot with SeqCst
+    /// (arc-swap 1.9, `debt/fast.rs`), a full barrier, so a worker takes one per batch. A
+    /// batch forwarded by the rules of its start is as if it had come a moment earlier.
+    ///
+    /// The frame is queued in `out`, lent to its last destination and copied for the
+    /// others (outbox.rs); it is written when `out` is flushed or dropped.
+    pub fn forward<'a>(
+        &self,
+        rules: &Rules,
+        from: &mut Ingress<'_>,
+        mut pkt: Packet<'a>,
+        out: &mut Outbox<'a>,
+    ) -> Forwarded {
         let src = from.port;
         let ingress = rules.actions_for(src, Dir::Ingress);
-        if !ingress.is_empty() && !apply(ingress, pkt, from.stats()) {
+        if !ingress.is_empty() && !apply(ingress, &mut pkt, from.stats()) {
             return Forwarded::Dropped;
         }
         let Ok(eth) = EthernetFrame::new_checked(&*pkt.frame) else {
@@ -277,48 +173,18 @@ impl Switch {
             from.stats().fdb_refused.inc();
         }
         let mut routed = false;
-        let Buffers {
-            originated,
-            egress_copy,
-            segment,
-        } = &mut *from.bufs;
-        let mut out = Out {
-            rules,
-            tally: from.tally,
-            flow: from.queue,
-            copy: egress_copy,
-            segment,
-        };
         if rules.router.enabled() {
-            let at = router::Lookup {
-                table: &rules.router,
-                neigh: &self.neigh,
-                generation: router::cache_generation(rules.generation(), self.neigh.generation()),
-            };
-            let stats = from.tally.at(src, from.queue);
-            let r = router::handle(&at, src, pkt.frame, from.routes, originated, stats);
-            if let Some((ip, mac)) = r.learn {
-                if self.neigh.learn(ip, mac, src) == NeighLearned::Refused {
-                    stats.neigh_refused.inc();
-                }
-            }
-            match r.step {
+            match self.route(rules, from, &mut pkt, out) {
                 Step::Switch => {}
-                Step::Done => return Forwarded::Routed,
-                Step::Emit { port } => {
-                    self.send_to(&mut out, port, originated);
-                    return Forwarded::Routed;
-                }
-                Step::Bounce { port } => {
-                    if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
-                        self.deliver(&mut out, port, &**p, pkt, false);
-                    }
-                    return Forwarded::Routed;
-                }
                 Step::Routed => {
                     routed = true;
                     dst = MacAddr::from_slice(pkt.frame).unwrap_or(dst);
                 }
+                Step::Bounce { port } => {
+                    self.unicast(rules, out, port, from.queue, pkt);
+                    return Forwarded::Routed;
+                }
+                Step::Done | Step::Emit { .. } => return Forwarded::Routed,
             }
         }
         if dst.is_unicast() {
@@ -327,84 +193,140 @@ impl Switch {
                 if to == src && !routed {
                     return Forwarded::Dropped;
                 }
-                if let Some(p) = self.ports.get(to).and_then(OnceLock::get) {
-                    self.deliver(&mut out, to, &**p, pkt, false);
+                if self.port(to).is_some() {
+                    self.unicast(rules, out, to, from.queue, pkt);
                     return Forwarded::Unicast(to);
                 }
             }
         }
-        self.flood(&mut out, src, pkt);
+        self.flood(rules, out, src, from.queue, pkt);
         Forwarded::Flooded
     }
 
-    /// Delivers to every attached port but `src`; the last one gets the frame itself, the
-    /// others a copy.
-    fn flood(&self, out: &mut Out<'_>, src: usize, pkt: &mut Packet<'_>) {
-        let last = (0..self.ports.len())
-            .rev()
-            .find(|&i| i != src && self.ports[i].get().is_some());
-        for (i, p) in self.ports.iter().enumerate() {
-            if i != src {
-                if let Some(p) = p.get() {
-                    self.deliver(out, i, &**p, pkt, Some(i) != last);
-                }
+    /// The router's part: what to do with the frame next ([`Step`]). A frame the router
+    /// originates is queued here, and the step is then `Done`.
+    fn route(
+        &self,
+        rules: &Rules,
+        from: &mut Ingress<'_>,
+        pkt: &mut Packet<'_>,
+        out: &mut Outbox<'_>,
+    ) -> Step {
+        let src = from.port;
+        let at = router::Lookup {
+            table: &rules.router,
+            neigh: &self.neigh,
+            generation: router::cache_generation(rules.generation(), self.neigh.generation()),
+        };
+        let stats = from.tally.at(src, from.queue);
+        let r = router::handle(&at, src, pkt.frame, from.routes, from.originated, stats);
+        if let Some((ip, mac)) = r.learn {
+            if self.neigh.learn(ip, mac, src) == NeighLearned::Refused {
+                stats.neigh_refused.inc();
             }
         }
+        if let Step::Emit { port } = r.step {
+            let mut pkt = Packet::new(VirtioNetHdr::default(), from.originated);
+            if let Some(adm) = self.admit(out, port, from.queue, &pkt) {
+                self.queue_copy(rules, out, port, from.queue, adm, &mut pkt);
+            }
+            return Step::Done;
+        }
+        r.step
     }
 
-    /// Sends a frame the switch originated (router replies) to one port.
-    fn send_to(&self, out: &mut Out<'_>, port: usize, frame: &mut [u8]) {
-        if let Some(p) = self.ports.get(port).and_then(OnceLock::get) {
-            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
-            self.deliver(out, port, &**p, &mut pkt, false);
+    /// Port `to`'s admission of `pkt`, if the port exists and takes it.
+    fn admit(&self, out: &Outbox<'_>, to: usize, flow: usize, pkt: &Packet<'_>) -> Option<Admitted> {
+        self.port(to)?.admit(out.tally(), flow, pkt.frame)
+    }
+
+    /// Sends `pkt` to one port, which gets the frame itself.
+    fn unicast<'a>(&self, rules: &Rules, out: &mut Outbox<'a>, to: usize, flow: usize, pkt: Packet<'a>) {
+        if let Some(adm) = self.admit(out, to, flow, &pkt) {
+            self.queue_lent(rules, out, to, flow, adm, pkt);
         }
     }
 
-    /// Sends to one port through its egress actions. `shared`: other ports get the same
-    /// frame after this one, so actions work on a copy.
-    fn deliver(&self, out: &mut Out<'_>, id: usize, p: &dyn Egress, pkt: &mut Packet<'_>, shared: bool) {
-        let (tally, flow) = (out.tally, out.flow);
-        let actions = out.rules.actions_for(id, Dir::Egress);
-        if actions.is_empty() {
-            // A port after this one gets the same bytes: this one must not keep them.
-            let pinned = pkt.pinned;
-            pkt.pinned = pinned && !shared;
-            p.send(tally, flow, pkt, out.segment);
-            pkt.pinned = pinned;
-            return;
+    /// Sends `pkt` to every attached port but `src` that admits it: the last of them gets
+    /// the frame itself, the others a copy each.
+    fn flood<'a>(&self, rules: &Rules, out: &mut Outbox<'a>, src: usize, flow: usize, mut pkt: Packet<'a>) {
+        let mut pending: Option<(usize, Admitted)> = None;
+        for to in (0..self.ports.len()).filter(|&i| i != src) {
+            let Some(adm) = self.admit(out, to, flow, &pkt) else {
+                continue;
+            };
+            if let Some((before, adm)) = pending.replace((to, adm)) {
+                self.queue_copy(rules, out, before, flow, adm, &mut pkt);
+            }
         }
+        if let Some((last, adm)) = pending {
+            self.queue_lent(rules, out, last, flow, adm, pkt);
+        }
+    }
+
+    /// Queues the frame itself for `to`, through `to`'s egress actions.
+    fn queue_lent<'a>(
+        &self,
+        rules: &Rules,
+        out: &mut Outbox<'a>,
+        to: usize,
+        flow: usize,
+        adm: Admitted,
+        mut pkt: Packet<'a>,
+    ) {
+        let actions = rules.actions_for(to, Dir::Egress);
         // Counted on the egress port's queue, in the delivering worker's tally.
-        let stats = tally.at(id, flow);
-        if !shared {
-            if apply(actions, pkt, stats) {
-                p.send(tally, flow, pkt, out.segment);
-            }
-            return;
+        if actions.is_empty() || apply(actions, &mut pkt, out.tally().at(to, flow)) {
+            out.lend(to, flow, adm, pkt);
         }
-        let mut copy = pkt.copy_into(out.copy);
-        if apply(actions, &mut copy, stats) {
-            p.send(tally, flow, &mut copy, out.segment);
+    }
+
+    /// Queues a copy of the frame for `to`, `to`'s egress actions run on the copy: the
+    /// frame stays as it entered for the ports after `to`.
+    fn queue_copy(
+        &self,
+        rules: &Rules,
+        out: &mut Outbox<'_>,
+        to: usize,
+        flow: usize,
+        adm: Admitted,
+        pkt: &mut Packet<'_>,
+    ) {
+        let actions = rules.actions_for(to, Dir::Egress);
+        let stats = out.tally().at(to, flow);
+        // The layers is found once, for every copy and the frame itself.
+        if !actions.is_empty() {
+            pkt.layers();
         }
+        out.copy(to, flow, adm, pkt, |copy| {
+            actions.is_empty() || apply(actions, copy, stats)
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::outbox::{OutboxBuffers, PortFrames};
     use crate::stats::TallyHandle;
     use std::sync::Mutex;
 
     #[derive(Default)]
     struct Sink {
         got: Mutex<Vec<Vec<u8>>>,
-        /// Whether each frame came pinned.
-        pinned: Mutex<Vec<bool>>,
+        /// Where each frame's bytes lay when the port wrote it.
+        at: Mutex<Vec<usize>>,
     }
 
     impl Egress for Sink {
-        fn send(&self, _tally: &Tally, _flow: usize, pkt: &mut Packet<'_>, _segment: &mut Vec<u8>) {
-            self.got.lock().unwrap().push(pkt.frame.to_vec());
-            self.pinned.lock().unwrap().push(pkt.is_pinned());
+        fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {
+            let mut n = 0;
+            while let Some(f) = frames.next() {
+                self.got.lock().unwrap().push(f.pkt.frame.to_vec());
+                self.at.lock().unwrap().push(f.pkt.frame.as_ptr() as usize);
+                n += 1;
+            }
+            n
         }
     }
 
@@ -430,7 +352,8 @@ mod tests {
         sw: &'a Switch,
         tally: TallyHandle,
         routes: RouteCache,
-        bufs: Buffers,
+        originated: Vec<u8>,
+        outbox: OutboxBuffers,
     }
 
     impl<'a> Worker<'a> {
@@ -439,31 +362,32 @@ mod tests {
                 sw,
                 tally: sw.tallies().register(),
                 routes: RouteCache::default(),
-                bufs: Buffers::default(),
+                originated: Vec::new(),
+                outbox: OutboxBuffers::default(),
             }
         }
 
-        fn send(&mut self, port: usize, pkt: &mut Packet<'_>) -> Forwarded {
+        /// Forwards `f` from `port` and writes what it queued.
+        fn go_in(&mut self, port: usize, f: &mut [u8]) -> Forwarded {
+            let mut out = self.sw.outbox(&self.tally, &mut self.outbox);
             let mut from = Ingress {
                 port,
                 queue: 0,
                 tally: &self.tally,
                 routes: &mut self.routes,
-                bufs: &mut self.bufs,
+                originated: &mut self.originated,
             };
-            self.sw.forward(&mut from, pkt)
+            let rules = self.sw.rules().load();
+            self.sw.forward(
+                &rules,
+                &mut from,
+                Packet::new(VirtioNetHdr::default(), f),
+                &mut out,
+            )
         }
 
         fn go(&mut self, port: usize, mut f: Vec<u8>) -> Forwarded {
-            self.send(port, &mut Packet::new(VirtioNetHdr::default(), &mut f))
-        }
-
-        /// [`Worker::go`] with the frame pinned; says whether it still is after.
-        #[allow(unsafe_code)]
-        fn go_pinned(&mut self, port: usize, mut f: Vec<u8>) -> (Forwarded, bool) {
-            // SAFETY: `f` lives, untouched, until after this call; no sink keeps a pointer.
-            let mut pkt = unsafe { Packet::pinned(VirtioNetHdr::default(), &mut f) };
-            (self.send(port, &mut pkt), pkt.is_pinned())
+            self.go_in(port, &mut f)
         }
     }
 
@@ -471,36 +395,28 @@ mod tests {
     const A: &str = "02:00:00:00:00:0a";
     const B: &str = "02:00:00:00:00:0b";
 
-    /// Only a frame's last destination may hold it by pointer until the flush: the ports
-    /// before it in a flood get it unpinned (the last may rewrite it in place), and so does
-    /// every port when the sender did not pin it. The sender's packet is as it was after.
+    /// A frame's last destination writes it from where the worker holds it; the ports
+    /// before it in a flood get copies (the last may rewrite the frame in place).
     #[test]
-    fn only_the_last_destination_gets_a_pinned_frame() {
+    fn only_the_last_destination_gets_the_frame_itself() {
         let sw = Switch::new(4);
         let sinks = plug(&sw);
         let mut w = Worker::new(&sw);
-        let pins = |s: &Sink| s.pinned.lock().unwrap().clone();
-        assert_eq!(w.go_pinned(0, frame(B, A)), (Forwarded::Flooded, true));
+        let at = |s: &Sink| s.at.lock().unwrap().clone();
+        let mut f = frame(B, A);
+        let here = f.as_ptr() as usize;
+        assert_eq!(w.go_in(0, &mut f), Forwarded::Flooded);
         assert_eq!(
-            sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
-            vec![vec![], vec![false], vec![false], vec![true]]
+            sinks.iter().map(|s| at(s) == [here]).collect::<Vec<_>>(),
+            [false, false, false, true]
         );
-        // B is learned on port 2; a unicast to it is pinned.
+        assert!(at(&sinks[1]).len() == 1 && at(&sinks[2]).len() == 1);
+        // B is learned on port 2; a unicast to it is the frame itself.
         assert_eq!(w.go(2, frame(A, B)), Forwarded::Unicast(0));
-        assert_eq!(w.go_pinned(0, frame(B, A)), (Forwarded::Unicast(2), true));
-        assert_eq!(pins(&sinks[2]), vec![false, true]);
-        assert_eq!(pins(&sinks[0]), vec![false]);
-        // Not pinned by its sender: no port gets it pinned.
-        assert_eq!(w.go(1, frame("ff:ff:ff:ff:ff:ff", A)), Forwarded::Flooded);
-        assert_eq!(
-            sinks.iter().map(|s| pins(s)).collect::<Vec<_>>(),
-            vec![
-                vec![false, false],
-                vec![false],
-                vec![false, true, false],
-                vec![true, false]
-            ]
-        );
+        let mut f = frame(B, A);
+        let here = f.as_ptr() as usize;
+        assert_eq!(w.go_in(0, &mut f), Forwarded::Unicast(2));
+        assert_eq!(at(&sinks[2]).last(), Some(&here));
     }
 
     fn counts(sinks: &[Arc<Sink>]) -> Vec<usize> {
@@ -689,8 +605,36 @@ mod tests {
                 ),
                 (2, 1, 2)
             );
+        }
 
+        /// A router that has learned A on port 0 and B on port 1.
+        fn resolved<'a>(sw: &'a Switch) -> Worker<'a> {
+            let mut w = Worker::new(sw);
+            let (a_ip, b_ip) = (Ipv4Addr::new(10, 1, 0, 2), Ipv4Addr::new(10, 2, 0, 2));
+            for (port, mac, ip, gw) in [(0, A, a_ip, [10, 1, 0, 1]), (1, B, b_ip, [10, 2, 0, 1])] {
+                let mut rep = Vec::new();
+                arp::build(
+                    &mut rep,
+                    arp::OP_REPLY,
+                    ROUTER_MAC,
+                    (mac, ip),
+                    (ROUTER_MAC, gw.into()),
+                );
+                assert_eq!(w.go(port, rep), Forwarded::Routed);
+            }
+            w
+        }
+
+        #[test]
+        fn route_changes_ttl_and_unreachable_destinations() {
+            let (sw, sinks) = router();
+            let mut w = resolved(&sw);
+            let st = w.tally.share();
+            let b_ip = Ipv4Addr::new(10, 2, 0, 2);
+            let mut go = |port: usize, f: Vec<u8>| w.go(port, f);
+            assert_eq!(go(0, udp_to(b_ip.octets(), 64)), Forwarded::Unicast(1));
             // A route change moves the generation: the next packet misses once.
+            let misses = st.at(0, 0).route_cache_miss.get();
             sw.rules()
                 .update(|r| {
                     r.router
@@ -700,7 +644,7 @@ mod tests {
                 })
                 .unwrap();
             go(0, udp_to(b_ip.octets(), 64));
-            assert_eq!(st.at(0, 0).route_cache_miss.get(), 3);
+            assert_eq!(st.at(0, 0).route_cache_miss.get(), misses + 1);
             assert_eq!(go(0, udp_to([192, 168, 3, 4], 64)), Forwarded::Unicast(1));
             assert_eq!(&last(&sinks[1])[..6], &B.0[..]);
 
@@ -745,7 +689,7 @@ mod tests {
 
         #[test]
         fn ipv6_neighbour_discovery_and_routing() {
-            use crate::wire::ndp;
+            use crate::wire::icmpv6;
             use std::net::Ipv6Addr;
             let table = RouteTable::new(
                 vec![
@@ -763,13 +707,13 @@ mod tests {
             let (a_ip, b_ip) = (ip6("fd00:1::2"), ip6("fd00:2::2"));
             // A solicits its gateway: advertised back on port 0, and A is learned.
             let mut ns = Vec::new();
-            ndp::solicit(&mut ns, A, &a_ip, &ip6("fd00:1::1"));
+            icmpv6::solicit(&mut ns, A, &a_ip, &ip6("fd00:1::1"));
             assert_eq!(go(0, ns), Forwarded::Routed);
             let na = last(&sinks[0]);
-            let n = ndp::parse_neighbour(na[21], &na[54..]).unwrap();
+            let n = icmpv6::parse_neighbour(na[21], &na[54..]).unwrap();
             assert_eq!(
                 (n.kind, n.target, n.lla),
-                (ndp::NEIGHBOR_ADVERT, ip6("fd00:1::1"), Some(ROUTER_MAC))
+                (icmpv6::NEIGHBOR_ADVERT, ip6("fd00:1::1"), Some(ROUTER_MAC))
             );
             assert_eq!(&na[..6], &A.0[..]);
             assert_eq!(sw.neighbours().get(&a_ip.into()), Some(A));
@@ -783,11 +727,11 @@ mod tests {
             assert_eq!(go(0, pkt.clone()), Forwarded::Routed);
             let sol = last(&sinks[1]);
             assert_eq!(&sol[..3], &[0x33, 0x33, 0xff]);
-            assert_eq!(ndp::parse_neighbour(sol[21], &sol[54..]).unwrap().target, b_ip);
+            assert_eq!(icmpv6::parse_neighbour(sol[21], &sol[54..]).unwrap().target, b_ip);
             assert_eq!(st.at(0, 0).route_unresolved.get(), 1);
             // B advertises itself to the router; then A's packet is routed, hop limit 63.
             let mut na = Vec::new();
-            ndp::advert(&mut na, B, &b_ip, (ROUTER_MAC, ip6("fd00:2::1")));
+            icmpv6::advert(&mut na, B, &b_ip, (ROUTER_MAC, ip6("fd00:2::1")));
             assert_eq!(go(1, na), Forwarded::Routed);
             assert_eq!(go(0, pkt.clone()), Forwarded::Unicast(1));
             let out = last(&sinks[1]);
@@ -802,7 +746,7 @@ mod tests {
             let err = last(&sinks[0]);
             assert_eq!(
                 (err[54], &err[22..38]),
-                (ndp::TIME_EXCEEDED, &ip6("fd00:1::1").octets()[..])
+                (icmpv6::TIME_EXCEEDED, &ip6("fd00:1::1").octets()[..])
             );
             // No route: unreachable.
             let mut lost = pkt.clone();
@@ -810,7 +754,7 @@ mod tests {
             go(0, lost);
             assert_eq!(
                 (last(&sinks[0])[54], st.at(0, 0).route_unreachable.get()),
-                (ndp::DEST_UNREACHABLE, 1)
+                (icmpv6::DEST_UNREACHABLE, 1)
             );
             // A payload length past the frame: the router's error when sent to it, counted
             // and dropped; not its business otherwise (switched like any frame to B).

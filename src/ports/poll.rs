@@ -3,8 +3,7 @@
 //! kick, no epoll wake-up: a queue's driver is told not to notify (VRING_USED_F_NO_NOTIFY)
 //! and the thread looks at the ring again as soon as it has gone round the others.
 //!
-//! Each poll thread spends a whole CPU, busy or not (docs/benchmarks.md, "Poll mode"), so
-//! it is opt-in; the default data path is event-driven. Where the threads run is the
+//! Each poll thread spends a whole CPU, busy or not, so it is opt-in; the default data path is event-driven. Where the threads run is the
 //! orchestrator's business unless `--poll-cpus` names CPUs: then each thread is pinned to
 //! one, which is the only placement the daemon ever does on its own, and only when asked.
 

@@ -14,11 +14,11 @@ use thiserror::Error;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::WarnLimiter;
+use super::arena::Arena;
+use crate::logging::WarnLimiter;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
-use crate::pipeline::switch::FLUSH_BATCH;
-use crate::pipeline::{Buffers, Egress, Ingress, Packet, Switch};
+use crate::pipeline::{Egress, Frame, Ingress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
 use crate::stats::{QueueSnapshot, QueueStats, Tallies, Tally};
 use crate::stop::{Stop, Stoppable};
 use crate::wire::checksum::complete_partial;
@@ -29,7 +29,11 @@ use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_NEEDS_CSUM, GSO_NONE, HDR_LEN}
 const TAP_FLAGS: libc::c_short = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
 const TAP_MULTI_QUEUE: libc::c_short = libc::IFF_MULTI_QUEUE as libc::c_short;
 
+/// Room for the largest frame a tap hands over (a 64 KiB TSO frame behind its header).
 const RX_BUF: usize = HDR_LEN + 65_550;
+/// A reader's arena: frames are read into it back to back until less than one more
+/// largest frame fits, then written out (pipeline/outbox.rs).
+const ARENA: usize = 4 * RX_BUF;
 /// Epoll tokens of a reader: its queue, and the stop wake-up.
 const QUEUE: u64 = 0;
 const WAKE: u64 = 1;
@@ -277,47 +281,78 @@ impl TapPort {
         let _ = self.wake.write(1);
     }
 
+    /// Reads frames from queue `q` and forwards them until a stop: back to back into an
+    /// arena, each lent to the outbox, which is written when the queue runs dry or the
+    /// arena full.
     fn read_loop(&self, q: usize, epoll: &Epoll, stop: &Stop) {
         let Some(switch) = self.switch.upgrade() else {
             return; // The daemon is stopping.
         };
-        let mut buf = vec![0u8; RX_BUF];
+        let mut buf = vec![0u8; ARENA];
         let mut routes = RouteCache::default();
-        let mut bufs = Buffers::default();
+        let mut originated = Vec::new();
+        let mut outbox = OutboxBuffers::default();
         let tally = switch.tallies().register();
-        let stats = tally.at(self.id, q);
-        let mut f = &self.queues[q];
         let mut events = [EpollEvent::default(); 2];
-        let mut unflushed = 0usize;
         while !stop.requested() {
-            let n = match f.read(&mut buf) {
+            let mut from = Ingress {
+                port: self.id,
+                queue: q,
+                tally: &tally,
+                routes: &mut routes,
+                originated: &mut originated,
+            };
+            let mut out = switch.outbox(&tally, &mut outbox);
+            let read = self.read_burst(q, &switch, &mut from, &mut buf, &mut out, stop);
+            // Written before the wait.
+            drop(out);
+            match read {
+                ReadEnd::Full => {}
+                ReadEnd::Dry => match epoll.wait(-1, &mut events) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        warn!(
+                            "tap {}: waiting on queue {q} failed, reader stops: {e}",
+                            self.name
+                        );
+                        return;
+                    }
+                },
+                ReadEnd::Failed => return,
+            }
+        }
+    }
+
+    /// Reads frames from queue `q` into `buf` and forwards each into `out`, until the queue
+    /// is empty, the arena full, or a stop.
+    fn read_burst<'a>(
+        &self,
+        q: usize,
+        switch: &Switch,
+        from: &mut Ingress<'_>,
+        buf: &'a mut [u8],
+        out: &mut Outbox<'a>,
+        stop: &Stop,
+    ) -> ReadEnd {
+        let stats = from.tally.at(self.id, q);
+        let mut f = &self.queues[q];
+        let mut arena = Arena::new(buf);
+        let rules = switch.rules().load();
+        while arena.len() >= RX_BUF && !stop.requested() {
+            let n = match f.read(&mut arena.room()[..RX_BUF]) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Nothing more to read: the burst is over.
-                    switch.flush(&tally);
-                    unflushed = 0;
-                    match epoll.wait(-1, &mut events) {
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            warn!(
-                                "tap {}: waiting on queue {q} failed, reader stops: {e}",
-                                self.name
-                            );
-                            return;
-                        }
-                    }
-                    continue;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadEnd::Dry,
                 Err(e) => {
                     warn!("tap {}: read on queue {q} failed, reader stops: {e}", self.name);
-                    // Through the flush below: frames forwarded since the last one still get
-                    // their interrupts.
-                    break;
+                    return ReadEnd::Failed;
                 }
             };
-            let hdr = match VirtioNetHdr::parse(&buf[..n], HDR_LEN) {
+            let Some(frame) = arena.take(n) else {
+                return ReadEnd::Failed;
+            };
+            let hdr = match VirtioNetHdr::parse(frame, HDR_LEN) {
                 Ok(h) => h,
                 Err(e) => {
                     stats.rx_errors.inc();
@@ -331,34 +366,35 @@ impl TapPort {
             }
             stats.rx_bytes.add((n - HDR_LEN) as u64);
             trace!("tap {}: {} bytes from host on queue {q}", self.name, n - HDR_LEN);
-            let mut pkt = Packet::new(hdr, &mut buf[HDR_LEN..n]);
-            let mut from = Ingress {
-                port: self.id,
-                queue: q,
-                tally: &tally,
-                routes: &mut routes,
-                bufs: &mut bufs,
-            };
-            switch.forward(&mut from, &mut pkt);
-            unflushed += 1;
-            if unflushed == FLUSH_BATCH {
-                switch.flush(&tally);
-                unflushed = 0;
-            }
+            switch.forward(&rules, from, Packet::new(hdr, &mut frame[HDR_LEN..]), out);
         }
-        switch.flush(&tally);
+        ReadEnd::Full
     }
 }
 
+/// How a burst of tap reads ended.
+enum ReadEnd {
+    /// The arena filled (or a stop came): read again at once.
+    Full,
+    /// The queue is empty: wait for it.
+    Dry,
+    /// The queue failed: the reader stops.
+    Failed,
+}
+
 impl Egress for TapPort {
-    fn send(&self, tally: &Tally, flow: usize, pkt: &mut Packet<'_>, segment: &mut Vec<u8>) {
-        let q = flow % self.queues.len();
-        let stats = tally.at(self.id, q);
-        if !self.csum && pkt.hdr.gso_type != GSO_NONE {
+    fn write(&self, tally: &Tally, frames: &mut PortFrames<'_, '_>, segment: &mut Vec<u8>) -> usize {
+        let mut sent = 0;
+        while let Some(Frame { flow, mut pkt, .. }) = frames.next() {
+            let q = flow % self.queues.len();
+            let stats = tally.at(self.id, q);
+            if self.csum || pkt.hdr.gso_type == GSO_NONE {
+                sent += usize::from(self.write_one(stats, q, &mut pkt));
+                continue;
+            }
             // No offloads on this tap: the host gets MSS-sized segments.
             let res = gso::segment(&pkt.hdr, pkt.frame, segment, |h, seg| {
-                let mut p = Packet::new(*h, seg);
-                self.write(stats, q, &mut p);
+                sent += usize::from(self.write_one(stats, q, &mut Packet::new(*h, seg)));
             });
             match res {
                 Ok(_) => stats.tx_gso_segmented.inc(),
@@ -369,15 +405,15 @@ impl Egress for TapPort {
                     }
                 }
             }
-            return;
         }
-        self.write(stats, q, pkt);
+        sent
     }
 }
 
 impl TapPort {
-    /// One frame into tap queue `q`, completing a partial checksum with `--tap-csum off`.
-    fn write(&self, stats: &QueueStats, q: usize, pkt: &mut Packet<'_>) {
+    /// One frame into tap queue `q`, completing a partial checksum with `--tap-csum off`;
+    /// whether the tap took it.
+    fn write_one(&self, stats: &QueueStats, q: usize, pkt: &mut Packet<'_>) -> bool {
         if !self.csum && pkt.hdr.needs_csum() {
             let (start, off) = (pkt.hdr.csum_start.into(), pkt.hdr.csum_offset.into());
             if let Err(e) = complete_partial(pkt.frame, start, off) {
@@ -385,7 +421,7 @@ impl TapPort {
                 if self.warn.allow() {
                     warn!("tap {}: dropping frame with bad checksum offsets: {e}", self.name);
                 }
-                return;
+                return false;
             }
             pkt.hdr.flags &= !F_NEEDS_CSUM;
             stats.tx_csum_completed.inc();
@@ -401,12 +437,14 @@ impl TapPort {
             Ok(n) if n == want => {
                 stats.tx_packets.inc();
                 stats.tx_bytes.add(pkt.frame.len() as u64);
+                true
             }
             Ok(n) => {
                 stats.tx_dropped.inc();
                 if self.warn.allow() {
                     warn!("tap {}: short write of {n} of {want} bytes", self.name);
                 }
+                false
             }
             Err(e) => {
                 // EIO while the interface is down, EINVAL for a header the kernel rejects.
@@ -414,6 +452,7 @@ impl TapPort {
                 if self.warn.allow() {
                     warn!("tap {}: write failed: {e}", self.name);
                 }
+                false
             }
         }
     }

@@ -5,8 +5,8 @@ use std::net::Ipv4Addr;
 
 use thiserror::Error;
 
+use super::ethernet::MacAddr;
 use super::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
-use super::MacAddr;
 
 pub const LEN: usize = 28;
 pub const OP_REQUEST: u16 = 1;

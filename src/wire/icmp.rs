@@ -4,9 +4,9 @@
 use std::net::Ipv4Addr;
 
 use super::checksum::write_checksum;
+use super::ethernet::MacAddr;
 use super::ethernet::ETHERTYPE_IPV4;
 use super::ip::PROTO_ICMP;
-use super::MacAddr;
 
 pub const ECHO_REPLY: u8 = 0;
 pub const DEST_UNREACHABLE: u8 = 3;

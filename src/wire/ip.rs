@@ -4,7 +4,7 @@
 //! Every length here comes from an untrusted frame; views are built with `new_checked` and
 //! the accessors then index only within what the constructor verified.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use thiserror::Error;
 
@@ -317,12 +317,6 @@ fn jumbo_len(ext: &[u8]) -> Result<Option<usize>, IpError> {
         }
     }
     Ok(None)
-}
-
-/// Protocol, source and destination of an IP packet behind an Ethernet header, for
-/// matching: one [`Layout`](super::layout::Layout) parse, for callers that have none.
-pub fn addresses(frame: &[u8]) -> Option<(u8, IpAddr, IpAddr)> {
-    super::layout::Layout::parse(frame).addresses(frame)
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::checksum::{fold, partial_sum, pseudo_sum, write_checksum};
+use super::ethernet::MacAddr;
 use super::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, HEADER_LEN};
-use super::MacAddr;
 
 const ETHERTYPE_VLAN: u16 = 0x8100;
 const PROTO_IGMP: u8 = 2;

@@ -9,10 +9,10 @@ pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod icmp;
+pub mod icmpv6;
 pub mod ip;
-pub mod layout;
+pub mod layers;
 pub mod mcast_report;
-pub mod ndp;
 pub mod virtio_net_hdr;
 
 pub use ethernet::{EthernetFrame, MacAddr};

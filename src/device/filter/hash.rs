@@ -1,6 +1,6 @@
 //! Bucket selection of the two FMan MACs, bit for bit as their drivers program them.
 
-use super::Layout;
+use super::layout::Layout;
 use crate::wire::MacAddr;
 
 /// Total bucket bits the register file holds (the largest layout, dTSEC: 512).

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::hash::{self, MAX_BUCKETS};
-use super::regs::{mode_flags, FilterRegs, F_MC_OVERFLOW, F_UC_OVERFLOW, TABLE_MAX};
-use super::Layout;
-use crate::device::RxMode;
+use super::layout::Layout;
+use super::regs::{mode_flags, FilterRegs, FilterStats, F_MC_OVERFLOW, F_UC_OVERFLOW, TABLE_MAX};
+use crate::device::rx_state::RxMode;
 use crate::wire::ethernet::mac_bytes;
 use crate::wire::MacAddr;
 
@@ -39,7 +39,7 @@ struct Hw {
     refs: Vec<u32>,
     /// Addresses in the exact table, with the number of lists (unicast, multicast) that
     /// hold each: a driver may list one address in both, and it goes from the table only
-    /// when neither does (found by fuzz target ctrl).
+    /// when neither does.
     entries: HashMap<MacAddr, u8, ahash::RandomState>,
     in_table: usize,
     /// Adds refused since creation.
@@ -61,37 +61,6 @@ enum List {
 pub struct SyncReport {
     pub adds: u64,
     pub removes: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct FilterStats {
-    pub filter_syncs: u64,
-    pub filter_adds: u64,
-    pub filter_removes: u64,
-    /// Adds the exact table could not take (full, or no slot within MAX_PROBE of home).
-    pub table_refused: u64,
-}
-
-impl FilterStats {
-    /// Each counter's name and what it counts, for `# HELP`.
-    pub const HELP: &'static [(&'static str, &'static str)] = &[
-        (
-            "filter_syncs",
-            "Address lists the driver sent, each diffed against the one before.",
-        ),
-        (
-            "filter_adds",
-            "Addresses added to the filter by incremental sync.",
-        ),
-        (
-            "filter_removes",
-            "Addresses removed from the filter by incremental sync.",
-        ),
-        (
-            "table_refused",
-            "Addresses the exact table could not take (the layout went accept-all).",
-        ),
-    ];
 }
 
 /// `ctl filter`'s view of the hardware side.
@@ -386,7 +355,7 @@ impl Hw {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::filter::Verdict;
+    use crate::device::filter::regs::Verdict;
     use proptest::prelude::*;
 
     fn filter(layout: Layout, limit: usize) -> Filter {

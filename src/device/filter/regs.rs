@@ -17,10 +17,11 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use ahash::RandomState;
 
+use serde::Serialize;
+
 use super::hash::{self, MAX_BUCKETS};
-use super::model::FilterStats;
-use super::Layout;
-use crate::device::RxMode;
+use super::layout::Layout;
+use crate::device::rx_state::RxMode;
 use crate::wire::MacAddr;
 
 /// Slots of the exact table; at most half are used so probe runs stay short.
@@ -29,7 +30,7 @@ pub const TABLE_SLOTS: usize = 1 << 16;
 pub const TABLE_MAX: usize = TABLE_SLOTS / 2;
 /// Farthest an entry may sit from its home slot. At a load of at most one half a random key
 /// set almost never comes near it (`an_adversarial_key_set_costs_what_a_random_one_does`
-/// measures the longest displacement; docs/benchmarks.md, "Hostile guests"); an insert
+/// measures the longest displacement); an insert
 /// that would go past it is refused, and the model then treats the address as one the
 /// table could not take (accept-all for the exact layout, as when the table is full).
 pub const MAX_PROBE: usize = 64;
@@ -45,6 +46,38 @@ pub const F_NOBCAST: u32 = 1 << 5;
 pub const F_MC_OVERFLOW: u32 = 1 << 6;
 /// More unicast addresses than exact registers and no unicast hash: accept all unicast.
 pub const F_UC_OVERFLOW: u32 = 1 << 7;
+
+/// What the filter's model did, counted where `ctl` and `/metrics` read it without a lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FilterStats {
+    pub filter_syncs: u64,
+    pub filter_adds: u64,
+    pub filter_removes: u64,
+    /// Adds the exact table could not take (full, or no slot within MAX_PROBE of home).
+    pub table_refused: u64,
+}
+
+impl FilterStats {
+    /// Each counter's name and what it counts, for `# HELP`.
+    pub const HELP: &'static [(&'static str, &'static str)] = &[
+        (
+            "filter_syncs",
+            "Address lists the driver sent, each diffed against the one before.",
+        ),
+        (
+            "filter_adds",
+            "Addresses added to the filter by incremental sync.",
+        ),
+        (
+            "filter_removes",
+            "Addresses removed from the filter by incremental sync.",
+        ),
+        (
+            "table_refused",
+            "Addresses the exact table could not take (the layout went accept-all).",
+        ),
+    ];
+}
 
 /// What the filter does with one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -434,7 +467,8 @@ mod tests {
     }
 
     /// Multicast MACs (01:00:5e, the guest picks the low 23 bits) whose unkeyed home slot
-    /// lies below 2048: one in 32 random ones, as issue 16 describes. Deterministic.
+    /// lies below 2048: one in 32 random ones, the set an attacker would build against an
+    /// unkeyed hash. Deterministic.
     fn colliding_set(n: usize) -> Vec<MacAddr> {
         (0..1u64 << 23)
             .map(|low| 0x0100_5e00_0000 | low)

@@ -6,10 +6,10 @@
 use std::net::IpAddr;
 
 use super::cache::RouteCache;
+use super::lookup::{Lookup, ROUTER_MAC};
 use super::table::Resolution;
-use super::{ipv4, ipv6, Lookup, RouteTable, ROUTER_MAC};
+use super::table::RouteTable;
 use crate::stats::QueueStats;
-use crate::wire::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::{EthernetFrame, MacAddr};
 
 /// What the switch does with a frame after the router looked at it.
@@ -19,7 +19,7 @@ pub enum Step {
     Switch,
     /// Handled or dropped (and counted); nothing to send.
     Done,
-    /// Send the frame the router built in the worker's `Buffers::originated` out of `port`.
+    /// Send the frame the router built in the worker's `Ingress::originated` out of `port`.
     Emit { port: usize },
     /// The frame was turned into an answer in place: send it back out of `port`.
     Bounce { port: usize },
@@ -38,30 +38,6 @@ pub struct Outcome {
 impl Outcome {
     pub(super) fn step(step: Step) -> Self {
         Outcome { step, learn: None }
-    }
-}
-
-/// Looks at one untagged frame that entered on `port`: ARP for the router's addresses and
-/// neighbours, neighbour discovery, and IP addressed to the router's MAC. A frame the router
-/// originates (answer, request, error) is built into `out`. Counters go to the ingress
-/// queue.
-pub fn handle(
-    at: &Lookup<'_>,
-    port: usize,
-    frame: &mut [u8],
-    cache: &mut RouteCache,
-    out: &mut Vec<u8>,
-    stats: &QueueStats,
-) -> Outcome {
-    let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
-        return Outcome::step(Step::Switch);
-    };
-    let to_router = eth.is_to(&ROUTER_MAC);
-    match eth.ethertype() {
-        ETHERTYPE_ARP => ipv4::arp(at.table, port, frame, out),
-        ETHERTYPE_IPV4 if to_router => Outcome::step(ipv4::route(at, port, frame, cache, out, stats)),
-        ETHERTYPE_IPV6 => ipv6::handle(at, port, to_router, frame, cache, out, stats),
-        _ => Outcome::step(Step::Switch),
     }
 }
 

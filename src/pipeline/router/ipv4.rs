@@ -7,7 +7,8 @@ use log::trace;
 
 use super::cache::RouteCache;
 use super::forward::{forward, Family, IcmpError, Outcome, Step};
-use super::{Lookup, RouteTable, ROUTER_MAC};
+use super::lookup::{Lookup, ROUTER_MAC};
+use super::table::RouteTable;
 use crate::stats::QueueStats;
 use crate::wire::arp::{self, ArpPacket};
 use crate::wire::checksum::checksum;

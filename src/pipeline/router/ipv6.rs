@@ -5,11 +5,12 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use super::cache::RouteCache;
 use super::forward::{forward, Family, IcmpError, Outcome, Step};
-use super::{Lookup, RouteTable, ROUTER_MAC};
+use super::lookup::{Lookup, ROUTER_MAC};
+use super::table::RouteTable;
 use crate::stats::QueueStats;
 use crate::wire::ethernet::HEADER_LEN;
+use crate::wire::icmpv6;
 use crate::wire::ip::{Ipv6Packet, IPV6_LEN, PROTO_ICMPV6};
-use crate::wire::ndp;
 use crate::wire::{EthernetFrame, MacAddr};
 
 /// An IPv6 packet, checked: its payload lies within the frame.
@@ -67,7 +68,7 @@ pub(super) fn handle(
         icmp: message.and_then(|m| m.first().map(|t| (*t, m.len()))),
         from_mac: eth.src(),
     };
-    if let Some(n) = message.and_then(|m| ndp::parse_neighbour(pkt.hop_limit, m)) {
+    if let Some(n) = message.and_then(|m| icmpv6::parse_neighbour(pkt.hop_limit, m)) {
         return neighbour(table, port, to_router, &pkt, &n, out);
     }
     if !to_router {
@@ -83,18 +84,18 @@ fn neighbour(
     port: usize,
     to_router: bool,
     pkt: &V6,
-    n: &ndp::NeighbourMessage,
+    n: &icmpv6::NeighbourMessage,
     out: &mut Vec<u8>,
 ) -> Outcome {
     let src = pkt.src;
-    if n.kind == ndp::NEIGHBOR_SOLICIT {
+    if n.kind == icmpv6::NEIGHBOR_SOLICIT {
         let learn = n
             .lla
             .filter(|_| !src.is_unspecified() && table.is_neighbour(port, src.into()))
             .map(|mac| (IpAddr::V6(src), mac));
         // Duplicate address detection (source ::) is not for the router to answer.
         let step = if table.is_own_on(port, n.target.into()) && !src.is_unspecified() {
-            ndp::advert(out, ROUTER_MAC, &n.target, (pkt.from_mac, src));
+            icmpv6::advert(out, ROUTER_MAC, &n.target, (pkt.from_mac, src));
             Step::Emit { port }
         } else {
             Step::Switch
@@ -122,10 +123,10 @@ impl Family for V6 {
     fn echo_reply(&self, frame: &mut [u8]) -> bool {
         let echo = self
             .icmp
-            .is_some_and(|(t, len)| t == ndp::ECHO_REQUEST && len >= 8)
+            .is_some_and(|(t, len)| t == icmpv6::ECHO_REQUEST && len >= 8)
             && self.whole_frame;
         if echo {
-            ndp::echo_reply(frame, ROUTER_MAC);
+            icmpv6::echo_reply(frame, ROUTER_MAC);
         }
         echo
     }
@@ -139,11 +140,11 @@ impl Family for V6 {
             return false;
         };
         let kind = match e {
-            IcmpError::TimeExceeded => ndp::TIME_EXCEEDED,
-            IcmpError::Unreachable => ndp::DEST_UNREACHABLE,
+            IcmpError::TimeExceeded => icmpv6::TIME_EXCEEDED,
+            IcmpError::Unreachable => icmpv6::DEST_UNREACHABLE,
         };
         let ip = &frame[HEADER_LEN..HEADER_LEN + self.total_len];
-        ndp::error(out, (ROUTER_MAC, self.from_mac), &from, kind, 0, ip);
+        icmpv6::error(out, (ROUTER_MAC, self.from_mac), &from, kind, 0, ip);
         true
     }
 
@@ -151,7 +152,7 @@ impl Family for V6 {
         let (IpAddr::V6(from), IpAddr::V6(hop)) = (from, hop) else {
             return false;
         };
-        ndp::solicit(out, ROUTER_MAC, &from, &hop);
+        icmpv6::solicit(out, ROUTER_MAC, &from, &hop);
         true
     }
 

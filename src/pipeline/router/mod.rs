@@ -13,40 +13,25 @@
 //! - `lpm` and `table`: longest-prefix match and the table resolved against neighbours;
 //! - `neigh`: the neighbour table, bounded per port and aged;
 //! - `cache`: a worker's cache of resolved routes;
-//! - `forward`: what happens to a frame, with one skeleton for both IP versions; `ipv4`
-//!   (with ARP) and `ipv6` (with neighbour discovery) supply what differs.
+//! - `dispatch`: which of the two versions a frame goes to;
+//! - `forward`: what happens to a routed frame, with one skeleton for both IP versions;
+//!   `ipv4` (with ARP) and `ipv6` (with neighbour discovery) supply what differs.
 
 mod cache;
+mod dispatch;
 mod forward;
 mod ipv4;
 mod ipv6;
+mod lookup;
 mod lpm;
 pub mod neigh;
 mod spec;
 mod table;
 
 pub use cache::RouteCache;
-pub use forward::{handle, Outcome, Step};
+pub use dispatch::handle;
+pub use forward::{Outcome, Step};
+pub use lookup::{cache_generation, Lookup, ROUTER_MAC};
 pub use neigh::Neighbours;
 pub use spec::{NextHop, Route, RouteParseError, RouterIf};
 pub use table::{Resolution, RouteTable};
-
-use crate::wire::MacAddr;
-
-/// The router's MAC on every port ("vnic" in the low octets, locally administered).
-pub const ROUTER_MAC: MacAddr = MacAddr([0x02, 0x76, 0x6e, 0x69, 0x63, 0x01]);
-
-/// What a worker resolves against: the rules' router table, the neighbours, and the
-/// generation its route cache must hold ([`cache_generation`]).
-pub struct Lookup<'a> {
-    pub table: &'a RouteTable,
-    pub neigh: &'a Neighbours,
-    pub generation: u64,
-}
-
-/// The generation a route cache follows: the rules' (bumped by every published change)
-/// and the neighbours' (bumped when one changes or ages out), in one word. The rules'
-/// count would need 2^40 published changes to reach the neighbours' bits.
-pub fn cache_generation(rules: u64, neigh: u64) -> u64 {
-    rules.wrapping_add(neigh << 40)
-}

@@ -1,12 +1,12 @@
-//! A split virtqueue's three areas (descriptor table, avail ring, used ring) found in host
-//! memory once per burst instead of once per access.
+//! A split virtqueue (virtio 1.2, 2.7) as the data path reads and writes it: its three
+//! areas (descriptor table, avail ring, used ring) found in host memory once per burst,
+//! the descriptors of a chain, and the errors a ring or a chain can have.
 //!
 //! virtio-queue 0.18 reads each avail entry, descriptor and used element through
-//! `GuestMemory::load`, `read_obj` and `write_obj`: every access looks its region up again,
-//! and `read_obj`/`write_obj` go through vm-memory's region iterator, which cost more than
-//! the access itself (docs/benchmarks.md, "PVP loop"). [`SplitRing`] resolves each area to
-//! one `VolatileSlice` when a burst starts; after that an access is a bounds check and one
-//! volatile load or store.
+//! `GuestMemory::load`, `read_obj` and `write_obj`: every access looks its region up
+//! again, through vm-memory's region iterator for the last two. [`SplitRing`] resolves each
+//! area to one `VolatileSlice` when a burst starts; after that an access is a bounds check
+//! and one volatile load or store (docs/performance.md).
 //!
 //! The rules are virtio-queue's, kept exactly (its `AvailIter`, `DescriptorChain` and
 //! `add_used`), and `tests/ring.rs` checks that against virtio-queue itself on random rings.
@@ -14,21 +14,108 @@
 //! here, where virtio-queue logs and reports an empty ring each time; and a used entry is
 //! written without publishing the used index, which the caller does once per burst
 //! ([`SplitRing::publish_used`]). An area that does not lie in one memory region (a driver
-//! may place a ring across two) is accessed through `GuestMemory` per access, as before.
+//! may place a ring across two) is accessed through `GuestMemory` per access.
 
 use std::cell::Cell;
 use std::num::Wrapping;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+use thiserror::Error;
+use vhost_user_backend::VringRwLock;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
 use vm_memory::bitmap::MS;
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, VolatileMemory,
-    VolatileSlice,
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryError,
+    GuestMemoryMmap, GuestMemoryRegion, VolatileMemory, VolatileSlice,
 };
 
-use super::queue::RingError;
+/// A connection's guest memory, as vhost-user-backend 0.24 maps it for the backend.
+pub type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// One of a connection's vrings, as vhost-user-backend 0.24 hands it to the backend.
+pub type Vring = VringRwLock<Mem>;
+
+/// The driver broke the ring itself (an available index more than a ring ahead, a head or
+/// used entry the ring cannot hold, ring memory that cannot be read): nothing more can be
+/// served from it until the frontend restarts it.
+#[derive(Debug, Error)]
+#[error("the ring cannot be served")]
+pub struct RingError(#[source] pub QueueError);
+
+/// The queues of one connection that are broken (bit per queue index): shared by the worker
+/// that serves a queue and by every sender that writes into it. A real device would set
+/// DEVICE_NEEDS_RESET (virtio 1.2, 2.1.2); a vhost-user backend has no way to tell the
+/// frontend's status register, so the queue is left alone until the frontend programs it
+/// again (SET_VRING_BASE, SET_VRING_KICK) or reconnects.
+#[derive(Debug, Default)]
+pub struct BrokenRings(AtomicU64);
+
+impl BrokenRings {
+    /// Whether queue `q` is broken. Queue indexes past 63 (none: 31 pairs and the control
+    /// queue at most) count as broken.
+    #[inline]
+    pub fn is(&self, q: usize) -> bool {
+        q >= 64 || self.0.load(Ordering::Acquire) & (1 << q) != 0
+    }
+
+    /// Marks queue `q` broken; true if it was not already.
+    pub fn set(&self, q: usize) -> bool {
+        q < 64 && self.0.fetch_or(1 << q, Ordering::AcqRel) & (1 << q) == 0
+    }
+
+    /// The frontend programs queue `q` anew.
+    pub fn clear(&self, q: usize) {
+        if q < 64 {
+            self.0.fetch_and(!(1 << q), Ordering::AcqRel);
+        }
+    }
+}
+
+/// Most descriptors walked for one frame: one TX chain, one control chain, or every RX
+/// chain one received frame is written into, zero-length and indirect ones included.
+/// virtio-queue 0.18 follows a chain for up to the queue size (32 768) and then an
+/// indirect table of up to 65 535 entries, so without this a guest could make each frame
+/// cost ~10^5 guest-memory reads. Linux never builds more than MAX_SKB_FRAGS + 2 (19 by
+/// default, 47 at the largest build option) per chain, and a mergeable-buffer frame of
+/// 64 KiB takes ~43 single-descriptor buffers of 1.5 KiB; DPDK's vhost library likewise
+/// refuses chains of more than BUF_VECTOR_MAX (256) buffers. A chain past the limit is
+/// returned to the driver used with length 0, so each bad chain costs its walk once.
+pub const MAX_FRAME_DESCS: usize = 256;
+
+/// Why one chain was refused: it is returned to the driver used, and the ring goes on.
+#[derive(Debug, Error)]
+pub enum ChainError {
+    #[error("descriptor chain is cut short (loop, bad next index, or longer than the queue)")]
+    Broken,
+    #[error("device-writable descriptor in a driver-to-device chain")]
+    WrongDirection,
+    #[error("chain of {0} bytes holds no virtio-net header")]
+    TooShort(usize),
+    #[error("chain of more than {0} bytes")]
+    TooLong(usize),
+    #[error("more than {MAX_FRAME_DESCS} descriptors for one frame")]
+    TooManyDescriptors,
+    #[error("guest memory access at {addr:#x}+{len}")]
+    Memory {
+        addr: u64,
+        len: u32,
+        #[source]
+        source: GuestMemoryError,
+    },
+}
+
+/// Counts one more descriptor walked; past `limit` (the frame's start plus
+/// [`MAX_FRAME_DESCS`]) the frame is refused.
+#[inline]
+pub(super) fn walk_one(walked: &mut usize, limit: usize) -> Result<(), ChainError> {
+    *walked += 1;
+    if *walked > limit {
+        Err(ChainError::TooManyDescriptors)
+    } else {
+        Ok(())
+    }
+}
 
 /// VRING_DESC_F_INDIRECT's tables are made of 16-byte descriptors (virtio 1.2, 2.7.5.3).
 const DESC_SIZE: u64 = 16;
@@ -49,9 +136,9 @@ type Region<M> = <<M as GuestMemory>::PhysicalMemory as GuestMemoryBackend>::R;
 /// Guest memory as the buffers of one burst are found in it: [`host_slice`], remembering
 /// the region the last buffer lay in. vm-memory 0.18 finds a region by a binary search over
 /// its list (`find_region`) for every access; a burst's buffers come from one driver's
-/// pool, nearly always one region, so most look-ups become one range check
-/// (docs/benchmarks.md, "One region look-up per burst"). The answer is the same as
-/// [`host_slice`]'s: a range the cached region does not hold whole is looked up again.
+/// pool, nearly always one region, so most look-ups become one range check. The answer is
+/// the same as [`host_slice`]'s: a range the cached region does not hold whole is looked up
+/// again.
 pub struct GuestBuffers<'m, M: GuestMemory + ?Sized + 'm> {
     mem: &'m M,
     last: Cell<Option<&'m Region<M>>>,
@@ -184,8 +271,10 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
             bufs: GuestBuffers::new(mem),
             size,
             desc: Area::new(mem, GuestAddress(q.desc_table()), DESC_SIZE * n),
-            avail: Area::new(mem, GuestAddress(q.avail_ring()), 4 + 2 * n),
-            used: Area::new(mem, GuestAddress(q.used_ring()), 4 + 8 * n),
+            // With their event fields (virtio 1.2, 2.7.10): used_event after the avail
+            // ring's entries, avail_event after the used ring's.
+            avail: Area::new(mem, GuestAddress(q.avail_ring()), 6 + 2 * n),
+            used: Area::new(mem, GuestAddress(q.used_ring()), 6 + 8 * n),
         })
     }
 
@@ -258,9 +347,46 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
             .store_u16(self.mem(), 2, idx, Ordering::Release)
             .map_err(RingError)
     }
+
+    /// Whether the driver wants an interrupt for the `added` used entries just published,
+    /// up to `next_used`: EVENT_IDX's `used_event` when negotiated (virtio-queue 0.18's and
+    /// Linux's `vring_need_event`: interrupt if it lies among the entries added), else the
+    /// avail ring's NO_INTERRUPT flag, which virtio-queue 0.18's `needs_notification` does
+    /// not look at.
+    pub fn wants_interrupt(&self, event_idx: bool, next_used: u16, added: u16) -> Result<bool, RingError> {
+        // The used index was stored before the driver's used_event or flags are read
+        // (virtio 1.2, 2.7.10): a store-load order, so a full fence.
+        fence(Ordering::SeqCst);
+        if event_idx {
+            let used_event = self
+                .avail
+                .load_u16(self.mem(), 4 + 2 * u64::from(self.size), Ordering::Relaxed)
+                .map_err(RingError)?;
+            let (new, used_event) = (Wrapping(next_used), Wrapping(used_event));
+            let old = new - Wrapping(added);
+            return Ok(new - used_event - Wrapping(1) < new - old);
+        }
+        let flags = self
+            .avail
+            .load_u16(self.mem(), 0, Ordering::Relaxed)
+            .map_err(RingError)?;
+        Ok(flags & AVAIL_F_NO_INTERRUPT == 0)
+    }
 }
 
-/// Chains [`SplitRing::prefetch`] looks ahead at most: a TX batch (queue.rs `TX_BATCH`).
+/// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// [`SplitRing::wants_interrupt`] for `q`, whose used index was just published with
+/// `added` new entries; false for a queue that is not started.
+pub fn wants_interrupt_after<M: GuestMemory>(q: &Queue, mem: &M, added: u16) -> Result<bool, RingError> {
+    match SplitRing::new(q, mem) {
+        Some(ring) => ring.wants_interrupt(q.event_idx_enabled(), q.next_used(), added),
+        None => Ok(false),
+    }
+}
+
+/// Chains [`SplitRing::prefetch`] looks ahead at most: a TX batch (tx_chain.rs `TX_BATCH`).
 const PREFETCH_CHAINS: usize = 32;
 
 /// Bytes of each chain's first buffer it asks for at most: a small frame and its header.
@@ -286,8 +412,8 @@ impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
     /// `from` will read: their head descriptors, then the first bytes of their first
     /// buffers. Served one after the other, each chain waits for its descriptor and then
     /// its buffer to come over from the driver's CPU; asked for together, those misses
-    /// overlap, as DPDK's vhost library prefetches its descriptors and buffers
-    /// (docs/benchmarks.md, "Prefetching a TX batch"). A hint and nothing more: what it reads
+    /// overlap, as DPDK's vhost library prefetches its descriptors and buffers. A hint and
+    /// nothing more: what it reads
     /// is bounded like any access, decides nothing, and is read again by the walk that
     /// serves the chains. A descriptor table outside one memory region and indirect tables
     /// are skipped.
@@ -367,9 +493,8 @@ impl<M: GuestMemory + ?Sized> Chain<'_, '_, M> {
 impl<M: GuestMemory + ?Sized> Iterator for Chain<'_, '_, M> {
     type Item = Descriptor;
 
-    // Inlined into the TX copy and the RX walk, where LLVM (rustc 1.95, LTO) kept it a
-    // call of its own: about 1.05-1.15x at 64 B in the PVP loop (docs/benchmarks.md, "One
-    // region look-up per burst").
+    // Inlined into the TX copy and the RX walk on purpose: kept a call of its own, it cost
+    // the small-frame loop measurably (docs/performance.md).
     #[inline(always)]
     fn next(&mut self) -> Option<Descriptor> {
         loop {

@@ -69,11 +69,11 @@ pub trait RelayWatch: Send + Sync {
     /// handler sees it: whatever was wrong with the ring's old state is gone.
     fn ring_reset(&self, index: u32);
     /// The relay refused a message: answered with an error, or the connection ends.
-    fn refused(&self, why: &ProxyError);
+    fn refused(&self, why: &RelayError);
 }
 
 #[derive(Debug, Error)]
-pub enum ProxyError {
+pub enum RelayError {
     #[error("socket I/O")]
     Io(#[source] io::Error),
     #[error("socket I/O")]
@@ -138,7 +138,7 @@ impl Msg {
 
     /// Checks the descriptors a message carries before anything maps or polls them
     /// (memcheck.rs).
-    fn vet(&self) -> Result<(), ProxyError> {
+    fn vet(&self) -> Result<(), RelayError> {
         let what = match self.request() {
             // Both bodies put their first region at byte 8 (after a count and padding, or
             // padding alone).
@@ -157,7 +157,7 @@ impl Msg {
             }
             _ => Ok(()),
         };
-        what.map_err(|source| ProxyError::Refused {
+        what.map_err(|source| RelayError::Refused {
             request: self.request(),
             source,
         })
@@ -174,7 +174,7 @@ impl Msg {
 type Awaiting = Arc<AtomicU64>;
 
 /// Reads one message; `None` at a clean end of stream.
-fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
+fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, RelayError> {
     let mut hdr = [0u8; HDR_LEN];
     let mut raw: [RawFd; MAX_FDS] = [-1; MAX_FDS];
     let mut iov = [libc::iovec {
@@ -183,8 +183,8 @@ fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
     }];
     // SAFETY: the single iovec points at `hdr`, which is HDR_LEN bytes and outlives the call.
     let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }.map_err(|e| match e.errno() {
-        libc::ENOBUFS => ProxyError::TooManyFds(e),
-        _ => ProxyError::Sys(e),
+        libc::ENOBUFS => RelayError::TooManyFds(e),
+        _ => RelayError::Sys(e),
     })?;
     let fds = raw[..nfds]
         .iter()
@@ -196,26 +196,26 @@ fn recv_msg(sock: &UnixStream) -> Result<Option<Msg>, ProxyError> {
     }
     let mut s = sock;
     if n < HDR_LEN {
-        s.read_exact(&mut hdr[n..]).map_err(ProxyError::Io)?;
+        s.read_exact(&mut hdr[n..]).map_err(RelayError::Io)?;
     }
     let size = le(&hdr, 8).map_or(0, u32::from_le_bytes) as usize;
     if size > MAX_BODY {
-        return Err(ProxyError::TooBig(size));
+        return Err(RelayError::TooBig(size));
     }
     let mut body = vec![0u8; size];
-    s.read_exact(&mut body).map_err(ProxyError::Io)?;
+    s.read_exact(&mut body).map_err(RelayError::Io)?;
     Ok(Some(Msg { hdr, body, fds }))
 }
 
-fn send_msg(sock: &UnixStream, m: &Msg) -> Result<(), ProxyError> {
+fn send_msg(sock: &UnixStream, m: &Msg) -> Result<(), RelayError> {
     let mut buf = Vec::with_capacity(HDR_LEN + m.body.len());
     buf.extend_from_slice(&m.hdr);
     buf.extend_from_slice(&m.body);
     let fds: Vec<RawFd> = m.fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let n = sock.send_with_fds(&[&buf[..]], &fds).map_err(ProxyError::Sys)?;
+    let n = sock.send_with_fds(&[&buf[..]], &fds).map_err(RelayError::Sys)?;
     if n < buf.len() {
         let mut s = sock;
-        s.write_all(&buf[n..]).map_err(ProxyError::Io)?;
+        s.write_all(&buf[n..]).map_err(RelayError::Io)?;
     }
     Ok(())
 }
@@ -257,19 +257,19 @@ impl Relay {
         frontend: UnixStream,
         backend: UnixStream,
         watch: Arc<dyn RelayWatch>,
-    ) -> Result<Relay, ProxyError> {
+    ) -> Result<Relay, RelayError> {
         let awaiting: Awaiting = Arc::default();
         let last: Arc<AtomicU32> = Arc::default();
         let (awaiting2, watch2, last2) = (awaiting.clone(), watch.clone(), last.clone());
-        let fe_writer = Arc::new(Mutex::new(frontend.try_clone().map_err(ProxyError::Io)?));
+        let fe_writer = Arc::new(Mutex::new(frontend.try_clone().map_err(RelayError::Io)?));
         let (fe_r, be_w) = (
-            frontend.try_clone().map_err(ProxyError::Io)?,
-            backend.try_clone().map_err(ProxyError::Io)?,
+            frontend.try_clone().map_err(RelayError::Io)?,
+            backend.try_clone().map_err(RelayError::Io)?,
         );
         let (be_r, fe_r2, be_w2) = (
-            backend.try_clone().map_err(ProxyError::Io)?,
-            frontend.try_clone().map_err(ProxyError::Io)?,
-            backend.try_clone().map_err(ProxyError::Io)?,
+            backend.try_clone().map_err(RelayError::Io)?,
+            frontend.try_clone().map_err(RelayError::Io)?,
+            backend.try_clone().map_err(RelayError::Io)?,
         );
         let fe_w2 = fe_writer.clone();
         let label = name.to_string();
@@ -282,12 +282,12 @@ impl Relay {
                 let _ = fe_r.shutdown(Shutdown::Both);
                 let _ = be_w.shutdown(Shutdown::Both);
             })
-            .map_err(ProxyError::Spawn)?;
+            .map_err(RelayError::Spawn)?;
         let label = name.to_string();
         let up = thread::Builder::new()
             .name(format!("{name}-relay-be"))
             .spawn(move || {
-                let r = (|| -> Result<(), ProxyError> {
+                let r = (|| -> Result<(), RelayError> {
                     while let Some(m) = recv_msg(&be_r)? {
                         if m.request() == REQ_SET_VRING_ENABLE && m.flags() & FLAG_REPLY != 0 {
                             if let Some(i) = awaiting2.swap(0, Ordering::AcqRel).checked_sub(1) {
@@ -305,7 +305,7 @@ impl Relay {
                 let _ = fe_r2.shutdown(Shutdown::Both);
                 let _ = be_w2.shutdown(Shutdown::Both);
             })
-            .map_err(ProxyError::Spawn)?;
+            .map_err(RelayError::Spawn)?;
         Ok(Relay {
             frontend,
             backend,
@@ -339,7 +339,7 @@ fn frontend_to_backend(
     awaiting: &AtomicU64,
     last: &AtomicU32,
     watch: &dyn RelayWatch,
-) -> Result<(), ProxyError> {
+) -> Result<(), RelayError> {
     let mut features_set = false;
     let mut reply_ack = false;
     let mut held: Vec<Msg> = Vec::new();
@@ -348,7 +348,7 @@ fn frontend_to_backend(
             Ok(Some(m)) => m,
             Ok(None) => return Ok(()),
             Err(e) => {
-                if matches!(e, ProxyError::TooBig(_) | ProxyError::TooManyFds(_)) {
+                if matches!(e, RelayError::TooBig(_) | RelayError::TooManyFds(_)) {
                     watch.refused(&e);
                 }
                 return Err(e);
@@ -406,10 +406,10 @@ fn frontend_to_backend(
 /// writes `input` into a socket, reads messages from it until the stream ends or a message
 /// is refused, and looks at each as the relay does. Returns how many messages were read.
 #[doc(hidden)]
-pub fn read_all(input: &[u8]) -> Result<usize, ProxyError> {
-    let (mut tx, rx) = UnixStream::pair().map_err(ProxyError::Io)?;
+pub fn read_all(input: &[u8]) -> Result<usize, RelayError> {
+    let (mut tx, rx) = UnixStream::pair().map_err(RelayError::Io)?;
     // Inputs are small (the fuzzer's at most 4 KiB fit a socket buffer): no writer thread.
-    tx.write_all(input).map_err(ProxyError::Io)?;
+    tx.write_all(input).map_err(RelayError::Io)?;
     drop(tx);
     let mut n = 0;
     while let Some(m) = recv_msg(&rx)? {
@@ -453,9 +453,9 @@ mod tests {
         fn ring_reset(&self, index: u32) {
             self.0.lock().unwrap().push(("reset", index));
         }
-        fn refused(&self, why: &ProxyError) {
+        fn refused(&self, why: &RelayError) {
             let request = match why {
-                ProxyError::Refused { request, .. } => *request,
+                RelayError::Refused { request, .. } => *request,
                 _ => 0,
             };
             self.0.lock().unwrap().push(("refused", request));

@@ -3,11 +3,11 @@
 //! header and IPv6's extension headers again (DPDK's mbuf carries the same as
 //! `packet_type` and its layer lengths).
 //!
-//! A layout records where each header is and what it is, never a field's value. The pipeline
+//! A layers records where each header is and what it is, never a field's value. The pipeline
 //! rewrites MACs, TTLs, addresses (an echo reply) and checksums in place; none of that moves
-//! a layer, so a layout stays true of its frame from ingress to the last port
-//! ([`crate::pipeline::Packet::layout`] checks that in debug builds). Users still read the
-//! frame through the `new_checked` views at the offsets given here, so a layout that did not
+//! a layer, so a layers stays true of its frame from ingress to the last port
+//! ([`crate::pipeline::Packet::layers`] checks that in debug builds). Users still read the
+//! frame through the `new_checked` views at the offsets given here, so a layers that did not
 //! belong to its frame could give a wrong answer, never a read out of bounds.
 
 use std::net::IpAddr;
@@ -26,7 +26,7 @@ pub enum Network {
     BadV6,
     /// An IPv4 header that passes [`Ipv4Packet::new_checked`].
     V4,
-    /// An IPv6 fixed header that passes [`Ipv6Packet::new_checked`]; [`Layout::upper`] says
+    /// An IPv6 fixed header that passes [`Ipv6Packet::new_checked`]; [`Layers::upper`] says
     /// what lies after its extension headers.
     V6,
 }
@@ -44,11 +44,11 @@ enum Upper {
 /// A frame's layers: the EtherType after its tags, where the network header starts, what
 /// that header is, and for IPv6 where its upper layer starts.
 ///
-/// Flat, naturally aligned fields, 24 bytes: the packet keeps one and hands out copies.
-/// (Nested enums packed their tags at odd offsets, and reading a copy back right after it
-/// was written stalled on store forwarding: docs/benchmarks.md, "Parse once".)
+/// Flat, naturally aligned fields: the packet keeps one and hands out copies, which are read
+/// back right after they are written (nested enums would pack their tags at odd offsets,
+/// which defeats store-to-load forwarding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub struct Layers {
     /// The EtherType after the tags (0 with no network offset).
     ethertype: u16,
     /// Offset of the network header; 0 for a frame too short to hold its own tags (a
@@ -62,11 +62,11 @@ pub struct Layout {
     upper_packet_len: usize,
 }
 
-impl Layout {
+impl Layers {
     /// Parses `frame` once: its tags, its IP header and IPv6's extension headers.
     #[inline]
     pub fn parse(frame: &[u8]) -> Self {
-        let mut l = Layout {
+        let mut l = Layers {
             ethertype: 0,
             l3: 0,
             network: Network::Other,
@@ -139,7 +139,7 @@ impl Layout {
         self.l3().and_then(|(_, at)| frame.get(at..))
     }
 
-    /// [`Layout::ip`], writable.
+    /// [`Layers::ip`], writable.
     #[inline]
     pub fn ip_mut<'f>(&self, frame: &'f mut [u8]) -> Option<&'f mut [u8]> {
         self.l3().and_then(|(_, at)| frame.get_mut(at..))
@@ -201,7 +201,7 @@ mod tests {
     #[test]
     fn finds_each_family_and_says_why_a_header_is_bad() {
         let v4 = frame(ETHERTYPE_IPV4, &ipv4(PROTO_TCP));
-        let l = Layout::parse(&v4);
+        let l = Layers::parse(&v4);
         assert_eq!(l.l3(), Some((ETHERTYPE_IPV4, 14)));
         assert_eq!(l.network, Network::V4);
         assert_eq!(
@@ -217,7 +217,7 @@ mod tests {
         let mut tagged = frame(ETHERTYPE_VLAN, &[0, 7]);
         tagged.extend_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
         tagged.extend_from_slice(&ipv6_hop_udp());
-        let l = Layout::parse(&tagged);
+        let l = Layers::parse(&tagged);
         assert_eq!(l.l3(), Some((ETHERTYPE_IPV6, 18)));
         assert_eq!(l.network, Network::V6);
         assert_eq!(
@@ -234,21 +234,21 @@ mod tests {
         let mut wrong = ipv4(PROTO_UDP);
         wrong[0] = 0x65;
         assert_eq!(
-            Layout::parse(&frame(ETHERTYPE_IPV4, &wrong)).network,
+            Layers::parse(&frame(ETHERTYPE_IPV4, &wrong)).network,
             Network::BadV4
         );
         assert_eq!(
-            Layout::parse(&frame(ETHERTYPE_IPV6, &[0x60; 39])).network,
+            Layers::parse(&frame(ETHERTYPE_IPV6, &[0x60; 39])).network,
             Network::BadV6
         );
         assert_eq!(
-            Layout::parse(&frame(ETHERTYPE_IPV4, &[0x45; 10])).network,
+            Layers::parse(&frame(ETHERTYPE_IPV4, &[0x45; 10])).network,
             Network::BadV4
         );
         let arp = frame(0x0806, &[0; 28]);
-        assert_eq!(Layout::parse(&arp).network, Network::Other);
-        assert_eq!(Layout::parse(&arp).addresses(&arp), None);
-        let runt = Layout::parse(&[0u8; 5]);
+        assert_eq!(Layers::parse(&arp).network, Network::Other);
+        assert_eq!(Layers::parse(&arp).addresses(&arp), None);
+        let runt = Layers::parse(&[0u8; 5]);
         assert_eq!(
             (runt.l3(), runt.network, runt.upper()),
             (None, Network::Other, None)
@@ -256,8 +256,8 @@ mod tests {
     }
 
     proptest! {
-        /// On any bytes, after any tags, the layout's answers are the ones each user got from
-        /// its own parse before there was a layout.
+        /// On any bytes, after any tags, the layers's answers are the ones each user got from
+        /// its own parse before there was a layers.
         #[test]
         fn answers_as_a_fresh_parse_does(
             tags in 0usize..3,
@@ -273,7 +273,7 @@ mod tests {
             f.extend_from_slice(&ty.to_be_bytes());
             f.push(version);
             f.extend_from_slice(&body);
-            let l = Layout::parse(&f);
+            let l = Layers::parse(&f);
             prop_assert_eq!(l.l3(), network_offset(&f));
             let ip = l.ip(&f).unwrap_or_default();
             let want = match l.l3() {

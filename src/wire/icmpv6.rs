@@ -5,9 +5,9 @@
 use std::net::Ipv6Addr;
 
 use super::checksum::{pseudo_sum, write_checksum};
+use super::ethernet::MacAddr;
 use super::ethernet::ETHERTYPE_IPV6;
 use super::ip::PROTO_ICMPV6;
-use super::MacAddr;
 
 pub const ECHO_REQUEST: u8 = 128;
 pub const ECHO_REPLY: u8 = 129;

@@ -1,0 +1,85 @@
+//! What went wrong on a guest port, kept in one place: its counters of frontend and guest
+//! trouble, its rate-limited warnings, and the guard that keeps a bug on one frame or
+//! command from spreading.
+
+use log::{error, warn};
+
+use vhost_user_backend::VringT;
+
+use super::split_ring::{BrokenRings, RingError, Vring};
+use crate::logging::{error_chain, WarnLimiter};
+use crate::stats::ConnStats;
+
+/// A port's record of trouble: shared by every thread that serves the port.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The port's id, for log lines.
+    pub id: usize,
+    /// What frontends and guests did to the port: connections, broken rings, refusals,
+    /// memory faults, contained bugs.
+    pub stats: ConnStats,
+    warn: WarnLimiter,
+}
+
+impl Health {
+    pub fn new(id: usize) -> Self {
+        Health {
+            id,
+            ..Health::default()
+        }
+    }
+
+    /// Whether a warning may be logged now (one a second per port).
+    pub fn may_warn(&self) -> bool {
+        self.warn.allow()
+    }
+
+    /// Runs `f`, which handles input from a guest or frontend. If it panics (a bug: none is
+    /// known to be reachable, and the fuzz targets look for them), the panic stops here,
+    /// inside whatever lock the caller holds, so no lock is poisoned and no other port or
+    /// later frame is affected: vhost-user-backend 0.24 locks each vring with
+    /// `.write().unwrap()`. Counted in `panics`; the hook in main.rs logs the message, rate
+    /// limited. `None` when it panicked.
+    pub fn catch_bug<T>(&self, what: &str, f: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.stats.panics.inc();
+                if self.may_warn() {
+                    error!(
+                        "port {}: a bug was hit handling {what}; dropped it and carried on",
+                        self.id
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// The driver broke queue `q` (`e`): marked in `broken`, counted and logged once, then
+    /// the queue is left alone until the frontend programs it again.
+    pub fn ring_broken(&self, broken: &BrokenRings, q: usize, e: &RingError) {
+        if broken.set(q) {
+            self.stats.rings_broken.inc();
+            if self.may_warn() {
+                warn!(
+                    "port {}: queue {q}: {}; not served until the frontend restarts it or reconnects",
+                    self.id,
+                    error_chain(e)
+                );
+            }
+        }
+    }
+}
+
+impl Health {
+    /// Interrupts the driver of `vring`. The call eventfd is non-blocking (memcheck.rs): a
+    /// frontend that let its counter fill only loses this interrupt.
+    pub fn signal(&self, vring: &Vring, q: usize) {
+        if let Err(e) = vring.signal_used_queue() {
+            if self.may_warn() {
+                warn!("port {}: signalling queue {q}: {e}", self.id);
+            }
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! Received frames written into the buffers a guest posted: one frame at a time into the
+//! chains it needs (several with VIRTIO_NET_F_MRG_RXBUF), a run of frames into one queue
+//! under one hold of its lock, its used index published and the driver's wish for an
+//! interrupt read once per run. Generic over the guest memory, so tests run it on
+//! `MockSplitQueue` without a connection.
+
+use arrayvec::ArrayVec;
+use thiserror::Error;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+
+use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN_HASH};
+
+/// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
+/// smaller buffers than this allows loses the frame (counted as dropped).
+pub const MAX_RX_BUFFERS: usize = 64;
+
+#[derive(Debug, Error)]
+pub enum RxError {
+    #[error("no receive buffers available")]
+    NoBuffers,
+    #[error("frame needs more than {MAX_RX_BUFFERS} receive buffers")]
+    TooManyBuffers,
+    #[error("bad receive chain")]
+    Chain(#[source] ChainError),
+    #[error("receive queue")]
+    Ring(#[source] RingError),
+}
+
+/// A run of frames into one RX queue, written under one hold of its lock: the header the
+/// queue's features ask for, the descriptors walked so far, the driver's avail index as
+/// last read, and where the run's used entries began.
+///
+/// The avail index is read again only when the frames have used every chain it made
+/// available, as DPDK's vhost library reads it once per burst (`virtio_dev_rx_split`):
+/// the driver keeps storing it while it refills, so each read moves the line from the
+/// driver's CPU. A stale index is a smaller one, never past the ring (checked when it was
+/// read), so it costs at most a look again. A run serves one queue only and ends with the
+/// lock: after a reset the index means nothing.
+pub struct RxRun {
+    hdr_len: usize,
+    mrg_rxbuf: bool,
+    walked: usize,
+    avail: Option<u16>,
+    /// The used index when the run wrote its first entry.
+    first_used: Option<u16>,
+    /// The chains of the frame being written, kept here rather than on the stack of each
+    /// push: they hold room for the worst case, and are never zeroed.
+    chains: RxChains,
+}
+
+impl RxRun {
+    /// A run into a queue whose header is `hdr_len` bytes, with VIRTIO_NET_F_MRG_RXBUF or
+    /// without.
+    pub fn new(hdr_len: usize, mrg_rxbuf: bool) -> Self {
+        RxRun {
+            hdr_len,
+            mrg_rxbuf,
+            walked: 0,
+            avail: None,
+            first_used: None,
+            chains: RxChains::new(),
+        }
+    }
+
+    /// Starts the next run, of the same queue or another with the same features: nothing
+    /// the last run read of its ring is kept.
+    pub fn restart(&mut self) {
+        self.walked = 0;
+        self.avail = None;
+        self.first_used = None;
+    }
+
+    /// Descriptors walked so far, at most [`MAX_FRAME_DESCS`] + 1 per frame.
+    pub fn walked(&self) -> usize {
+        self.walked
+    }
+
+    /// Writes one frame into `q`'s receive buffers (whose rings are `ring`) and returns the
+    /// number of buffers used. The driver sees it at [`RxRun::finish`].
+    ///
+    /// On `NoBuffers`/`TooManyBuffers` nothing is consumed. A broken chain is returned used
+    /// with length 0, together with any good chains taken before it (the driver sees empty
+    /// buffers and counts a length error), and the frame is dropped. So is a chain that
+    /// takes the frame's walk past [`MAX_FRAME_DESCS`]: each bad chain is walked once.
+    pub fn push<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        hdr: &VirtioNetHdr,
+        frame: &[u8],
+    ) -> Result<u16, RxError> {
+        self.first_used.get_or_insert(q.next_used());
+        let pos = self.take_chains(q, ring, frame.len())?;
+        let (hdr_len, rx) = (self.hdr_len, &self.chains);
+        let used = rx.chains.len();
+        let mut h = *hdr;
+        h.num_buffers = used as u16;
+        let hdr_bytes = h.to_bytes();
+        if let Err(e) = write_frame(ring.buffers(), rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
+            // A buffer outside guest memory: the frame is dropped, its chains returned empty.
+            give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))?;
+            return Err(RxError::Chain(e));
+        }
+        let first = q.next_used();
+        let mut src_off = 0usize;
+        for (i, rc) in rx.chains.iter().enumerate() {
+            let off = if i == 0 { hdr_len } else { 0 };
+            let take = (rc.capacity - off).min(frame.len() - src_off);
+            src_off += take;
+            ring.put_used(first.wrapping_add(i as u16), rc.head, (off + take) as u32)
+                .map_err(RxError::Ring)?;
+        }
+        q.set_next_avail(pos);
+        q.set_next_used(first.wrapping_add(used as u16));
+        Ok(used as u16)
+    }
+
+    /// Takes the chains a frame of `len` bytes needs, from `next_avail` on, into
+    /// `self.chains`; returns the avail position after them. `next_avail` moves only once
+    /// the frame is placed or refused, so a frame that finds too few buffers consumes none.
+    fn take_chains<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        len: usize,
+    ) -> Result<u16, RxError> {
+        let (hdr_len, mrg_rxbuf) = (self.hdr_len, self.mrg_rxbuf);
+        let walked = &mut self.walked;
+        let limit = walked.saturating_add(MAX_FRAME_DESCS);
+        let total = hdr_len + len;
+        let rx = &mut self.chains;
+        rx.clear();
+        let mut room = 0usize;
+        let mut pos = q.next_avail();
+        // No index read yet: equal to `pos`, so the loop reads it before the first chain.
+        let avail = self.avail.get_or_insert(pos);
+        while room < total {
+            let used = rx.chains.len();
+            if used == MAX_RX_BUFFERS || (!mrg_rxbuf && used == 1) {
+                return Err(if mrg_rxbuf {
+                    RxError::TooManyBuffers
+                } else {
+                    RxError::NoBuffers
+                });
+            }
+            if pos == *avail {
+                // Every chain the index made available is taken: a look again, the driver
+                // may have posted more since (mergeable buffers, or the run's next frame).
+                *avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
+                if pos == *avail {
+                    return Err(RxError::NoBuffers);
+                }
+            }
+            let head = ring.head(pos).map_err(RxError::Ring)?;
+            pos = pos.wrapping_add(1);
+            let collected = rx
+                .collect(head, ring.chain(head), walked, limit)
+                .and_then(|capacity| {
+                    if used == 0 && capacity < hdr_len {
+                        rx.clear();
+                        Err(ChainError::TooShort(capacity))
+                    } else {
+                        Ok(capacity)
+                    }
+                });
+            match collected {
+                Ok(capacity) => room += capacity,
+                Err(e) => {
+                    let heads = rx.chains.iter().map(|rc| rc.head).chain([head]);
+                    give_back(q, ring, pos, heads)?;
+                    return Err(RxError::Chain(e));
+                }
+            }
+        }
+        Ok(pos)
+    }
+
+    /// Publishes what the run wrote (the used index, a release store) and says whether the
+    /// driver wants an interrupt for it. Published even if the queue was stopped since:
+    /// what was written is the driver's.
+    pub fn finish<M: GuestMemory>(&mut self, q: &Queue, ring: &SplitRing<'_, M>) -> Result<bool, RingError> {
+        let Some(first) = self.first_used.take() else {
+            return Ok(false);
+        };
+        let added = q.next_used().wrapping_sub(first);
+        if added == 0 {
+            return Ok(false);
+        }
+        ring.publish_used(q.next_used())?;
+        ring.wants_interrupt(q.event_idx_enabled(), q.next_used(), added)
+    }
+}
+
+/// The device-writable descriptors of every RX chain one frame goes into, validated up
+/// front so that a frame is either written whole or not at all. Kept flat and
+/// uninitialised (`ArrayVec`): a frame usually takes one chain of one descriptor, and
+/// zeroing room for the worst case on every frame cost more than writing a small frame.
+struct RxChains {
+    /// Every chain's non-empty descriptors, in order. The walk limit bounds them.
+    descs: ArrayVec<(GuestAddress, u32), MAX_FRAME_DESCS>,
+    /// Per chain: its head, its descriptors' end in `descs`, its capacity in bytes.
+    chains: ArrayVec<RxChain, MAX_RX_BUFFERS>,
+}
+
+#[derive(Clone, Copy)]
+struct RxChain {
+    head: u16,
+    end: u16,
+    capacity: usize,
+}
+
+impl RxChains {
+    fn new() -> Self {
+        RxChains {
+            descs: ArrayVec::new(),
+            chains: ArrayVec::new(),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.descs.clear();
+        self.chains.clear();
+    }
+
+    /// The descriptors of chain `i`.
+    fn descs(&self, i: usize) -> &[(GuestAddress, u32)] {
+        let start = if i == 0 {
+            0
+        } else {
+            usize::from(self.chains[i - 1].end)
+        };
+        &self.descs[start..usize::from(self.chains[i].end)]
+    }
+
+    /// Reads one RX chain, counting its descriptors into `walked` (the frame's whole walk),
+    /// and keeps it if it is good. On error its descriptors are dropped again.
+    fn collect(
+        &mut self,
+        head: u16,
+        chain: impl Iterator<Item = Descriptor>,
+        walked: &mut usize,
+        limit: usize,
+    ) -> Result<usize, ChainError> {
+        let start = self.descs.len();
+        let res = self.walk(chain, walked, limit);
+        match res {
+            Ok(capacity) => {
+                // Within MAX_FRAME_DESCS (256), so within u16.
+                let end = self.descs.len() as u16;
+                self.chains.push(RxChain { head, end, capacity });
+            }
+            Err(_) => self.descs.truncate(start),
+        }
+        res
+    }
+
+    fn walk(
+        &mut self,
+        chain: impl Iterator<Item = Descriptor>,
+        walked: &mut usize,
+        limit: usize,
+    ) -> Result<usize, ChainError> {
+        let mut capacity = 0usize;
+        let mut last_has_next = true;
+        for d in chain {
+            walk_one(walked, limit)?;
+            last_has_next = d.has_next();
+            if !d.is_write_only() {
+                return Err(ChainError::WrongDirection);
+            }
+            if d.len() == 0 {
+                continue;
+            }
+            // Cannot fail: each descriptor kept was walked, and a frame walks at most
+            // MAX_FRAME_DESCS; refused all the same rather than trusted.
+            if self.descs.is_full() {
+                return Err(ChainError::TooManyDescriptors);
+            }
+            self.descs.push((d.addr(), d.len()));
+            capacity += d.len() as usize;
+        }
+        if last_has_next {
+            return Err(ChainError::Broken);
+        }
+        Ok(capacity)
+    }
+}
+
+/// How [`write_at`] stores one piece: [`write_guest`] or [`update_guest`].
+type Put<M> = for<'a, 'm> fn(&'a GuestBuffers<'m, M>, &'a [u8], GuestAddress) -> Result<(), GuestMemoryError>;
+
+/// Writes `src` at byte `off` of a chain's buffers.
+fn write_at<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    descs: &[(GuestAddress, u32)],
+    mut off: usize,
+    mut src: &[u8],
+    put: Put<M>,
+) -> Result<(), ChainError> {
+    for &(addr, len) in descs {
+        let len = len as usize;
+        if src.is_empty() {
+            break;
+        }
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let take = (len - off).min(src.len());
+        let at = addr.checked_add(off as u64).ok_or(ChainError::Broken)?;
+        put(mem, &src[..take], at).map_err(|source| ChainError::Memory {
+            addr: at.0,
+            len: take as u32,
+            source,
+        })?;
+        src = &src[take..];
+        off = 0;
+    }
+    Ok(())
+}
+
+/// Writes the header and the frame into the chains: the header at the start of the first,
+/// the frame's bytes filling the buffers in order after it.
+fn write_frame<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    rx: &RxChains,
+    hdr_len: usize,
+    hdr: &[u8],
+    frame: &[u8],
+) -> Result<(), ChainError> {
+    let mut src_off = 0usize;
+    for (i, rc) in rx.chains.iter().enumerate() {
+        let descs = rx.descs(i);
+        let off = if i == 0 { hdr_len } else { 0 };
+        if i == 0 {
+            write_at(mem, descs, 0, hdr, update_guest)?;
+        }
+        let take = (rc.capacity - off).min(frame.len() - src_off);
+        write_at(mem, descs, off, &frame[src_off..src_off + take], write_guest)?;
+        src_off += take;
+    }
+    Ok(())
+}
+
+/// Takes the chains up to avail position `pos` and returns `heads` used with length 0: the
+/// driver sees empty buffers (and counts a length error) and the frame is dropped.
+fn give_back<M: GuestMemory>(
+    q: &mut Queue,
+    ring: &SplitRing<'_, M>,
+    pos: u16,
+    heads: impl Iterator<Item = u16>,
+) -> Result<(), RxError> {
+    let first = q.next_used();
+    let mut end = first;
+    for head in heads {
+        ring.put_used(end, head, 0).map_err(RxError::Ring)?;
+        end = end.wrapping_add(1);
+    }
+    q.set_next_avail(pos);
+    q.set_next_used(end);
+    Ok(())
+}
+
+/// Writes `src` into guest memory at `at`: one translation and one copy when the range
+/// lies in one region (the usual case), vm-memory's region walk otherwise.
+fn write_guest<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    src: &[u8],
+    at: GuestAddress,
+) -> Result<(), GuestMemoryError> {
+    if let Some(s) = mem.slice(at, src.len()) {
+        s.copy_from(src);
+        return Ok(());
+    }
+    mem.mem().write_slice(src, at)
+}
+
+/// Writes `src` into guest memory at `at` unless the bytes there are `src` already. For the
+/// virtio-net header of a received frame: a buffer the driver posts again often still
+/// holds the header of its last frame, the same one (no offloads, one buffer; DPDK's
+/// virtio-user always places it there, a Linux guest's page fragments may not), and a line
+/// only read stays shared with the driver's CPU where a store would take it over and make
+/// the driver fetch it back. DPDK's vhost library writes the header's fields the same way
+/// (`ASSIGN_UNLESS_EQUAL`, lib/vhost/virtio_net.c). Header-sized ranges only; a longer
+/// one, or one across regions, is written as [`write_guest`] writes.
+fn update_guest<M: GuestMemory>(
+    mem: &GuestBuffers<'_, M>,
+    src: &[u8],
+    at: GuestAddress,
+) -> Result<(), GuestMemoryError> {
+    const MAX: usize = HDR_LEN_HASH;
+    if src.len() <= MAX {
+        if let Some(s) = mem.slice(at, src.len()) {
+            // Compared as whole arrays, zero past `src`: a fixed-size compare the compiler
+            // inlines, where a slice compare calls memcmp for 12 bytes.
+            let (mut now, mut want) = ([0u8; MAX], [0u8; MAX]);
+            s.copy_to(&mut now[..src.len()]);
+            want[..src.len()].copy_from_slice(src);
+            if now != want {
+                s.copy_from(src);
+            }
+            return Ok(());
+        }
+    }
+    write_guest(mem, src, at)
+}

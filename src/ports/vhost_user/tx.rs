@@ -1,0 +1,267 @@
+//! The transmit side of a guest port: one queue pair's worker pops the guest's TX chains a
+//! batch at a time into its arena, checks each frame (header, source MAC, GSO size), and
+//! forwards it through the switch into its outbox, which writes the frames into their
+//! receivers when the arena is used up, the outbox is full, or the ring runs dry.
+
+use arrayvec::ArrayVec;
+use log::{debug, trace, warn};
+use vhost_user_backend::VringT;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use super::budget::{Burst, Mode, TX_BUDGET, TX_WALK_BUDGET};
+use super::guest_port::GuestPort;
+use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, Vring};
+use super::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use crate::device::features::Negotiated;
+use crate::logging::error_chain;
+use crate::pipeline::gso::{self, GsoError};
+use crate::pipeline::outbox::OUTBOX_FRAMES;
+use crate::pipeline::router::RouteCache;
+use crate::pipeline::{Ingress, OutboxBuffers, Packet, Switch};
+use crate::ports::arena::Arena;
+use crate::stats::{QueueStats, Tally};
+use crate::wire::virtio_net_hdr::GSO_NONE;
+use crate::wire::VirtioNetHdr;
+
+/// Largest frame (header included) a guest may transmit: a 64 KiB TSO frame (IP total
+/// length 65535) behind Ethernet and two VLAN tags, with the 20-byte hash header.
+const TX_BUF: usize = 20 + 14 + 8 + 65_535;
+
+/// A worker's arena: room for an outbox's worth of full-size (1500-byte MTU) frames, and
+/// the last chain's worst case after them. Batches fill it back to back; once an outbox's
+/// worth of frames is in it, or less than one largest frame fits, the outbox is written
+/// and the arena starts over, so the same lines are reused outbox after outbox.
+const ARENA: usize = TX_BUF + OUTBOX_FRAMES * 1536;
+
+/// What one queue pair's worker owns for transmitting, reused burst after burst.
+#[derive(Default)]
+pub(super) struct TxWorker {
+    arena: Vec<u8>,
+    batch: ArrayVec<TxSlot, TX_BATCH>,
+    routes: RouteCache,
+    originated: Vec<u8>,
+    outbox: OutboxBuffers,
+}
+
+/// What a TX burst needs from the connection it serves.
+pub(super) struct TxQueue<'s> {
+    pub(super) port: &'s GuestPort,
+    pub(super) switch: &'s Switch,
+    pub(super) mem: &'s Mem,
+    pub(super) feat: Negotiated,
+    pub(super) pair: usize,
+    /// The worker's own counters.
+    pub(super) tally: &'s Tally,
+}
+
+/// Chains and descriptors a burst has served, against its budget.
+#[derive(Default)]
+struct Spent {
+    chains: usize,
+    walked: usize,
+}
+
+impl Spent {
+    fn exhausted(&self) -> bool {
+        self.chains >= TX_BUDGET || self.walked >= TX_WALK_BUDGET
+    }
+}
+
+impl TxWorker {
+    /// Serves TX queue `tx.pair`: up to [`TX_BUDGET`] chains. Kicked, with the driver's
+    /// notifications off meanwhile; polled, with them left off.
+    pub(super) fn burst(&mut self, tx: &TxQueue<'_>, vring: &Vring, mode: Mode) -> Result<Burst, RingError> {
+        if self.arena.len() < ARENA {
+            self.arena.resize(ARENA, 0);
+        }
+        let mem = tx.mem.memory();
+        let mut spent = Spent::default();
+        let burst = 'wake: loop {
+            if mode == Mode::Kicked {
+                vring.disable_notification().map_err(RingError)?;
+            }
+            loop {
+                if spent.exhausted() {
+                    // Notifications stay off: the worker comes back by itself.
+                    break 'wake Burst::More;
+                }
+                if self.fill_arena(tx, vring, &mem, &mut spent)? == 0 {
+                    break;
+                }
+            }
+            if spent.chains == 0 && mode == Mode::Polled {
+                break Burst::Empty;
+            }
+            if mode == Mode::Polled || !vring.enable_notification().map_err(RingError)? {
+                break Burst::Done;
+            }
+        };
+        if spent.chains > 0 && mode == Mode::Polled {
+            // The driver need not kick a queue that is polled: VRING_USED_F_NO_NOTIFY,
+            // written again after each busy burst in case the ring was started anew.
+            vring.disable_notification().map_err(RingError)?;
+        }
+        if spent.chains > 0 && self::wants_interrupt(vring, &mem, spent.chains)? {
+            tx.port.health.signal(vring, 2 * tx.pair + 1);
+        }
+        Ok(burst)
+    }
+
+    /// Pops batches back to back into the arena and forwards their frames into one
+    /// outbox, until an outbox's worth of frames is in, the arena has no room for another
+    /// largest frame, the ring is empty or the budget spent. The outbox is written before
+    /// this returns, so the arena is free again. Returns the chains popped.
+    fn fill_arena(
+        &mut self,
+        tx: &TxQueue<'_>,
+        vring: &Vring,
+        mem: &GuestMemoryMmap,
+        spent: &mut Spent,
+    ) -> Result<usize, RingError> {
+        let TxWorker {
+            arena,
+            batch,
+            routes,
+            originated,
+            outbox,
+        } = self;
+        let hdr_len = tx.feat.hdr_len();
+        let mut arena = Arena::new(arena);
+        let mut out = tx.switch.outbox(tx.tally, outbox);
+        let mut from = Ingress {
+            port: tx.port.id,
+            queue: tx.pair,
+            tally: tx.tally,
+            routes,
+            originated,
+        };
+        let stats = tx.tally.at(tx.port.id, tx.pair);
+        let mut popped = 0;
+        while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
+            let limits = BatchLimits {
+                frame_max: TX_BUF,
+                chains: (TX_BUDGET - spent.chains).min(OUTBOX_FRAMES - popped),
+                walk: TX_WALK_BUDGET - spent.walked,
+            };
+            // One short hold of the ring's lock per batch: it is not held while the frames
+            // go to other ports.
+            pop_tx_batch(
+                vring.get_mut().get_queue_mut(),
+                mem,
+                hdr_len,
+                arena.room(),
+                limits,
+                batch,
+            )?;
+            if batch.is_empty() {
+                break;
+            }
+            popped += batch.len();
+            // One snapshot of the switch's rules per batch (`Switch::forward`).
+            let rules = tx.switch.rules().load();
+            let mut taken = 0;
+            for TxSlot { start, chain: t } in batch.drain(..) {
+                spent.chains += 1;
+                spent.walked += t.walked;
+                let n = match t.result {
+                    Ok(n) => n,
+                    Err(e) => {
+                        chain_refused(tx, stats, t.head, &e);
+                        continue;
+                    }
+                };
+                // The batch's chains lie back to back from the start of the room.
+                let Some(chain) = (start == taken).then(|| arena.take(n)).flatten() else {
+                    stats.tx_errors.inc();
+                    continue;
+                };
+                taken += n;
+                let Some(hdr) = admit(tx, stats, chain, hdr_len) else {
+                    continue;
+                };
+                let frame = &mut chain[hdr_len..];
+                let forwarded = tx.port.health.catch_bug("a transmitted frame", || {
+                    tx.port.snoop_frame(frame);
+                    tx.switch
+                        .forward(&rules, &mut from, Packet::new(hdr, frame), &mut out);
+                });
+                if forwarded.is_none() {
+                    stats.tx_errors.inc();
+                }
+            }
+        }
+        Ok(popped)
+    }
+}
+
+/// Counts a frame the guest sent and checks it before it goes anywhere: its header, its
+/// source MAC (`--port-mac-lock`), its GSO segment count. `None`: dropped, and counted.
+#[inline]
+fn admit(tx: &TxQueue<'_>, stats: &QueueStats, chain: &[u8], hdr_len: usize) -> Option<VirtioNetHdr> {
+    let port = tx.port;
+    let frame = &chain[hdr_len..];
+    stats.tx_packets.inc();
+    stats.tx_bytes.add(frame.len() as u64);
+    let hdr = match VirtioNetHdr::parse(chain, hdr_len) {
+        Ok(h) => h,
+        Err(e) => {
+            stats.tx_errors.inc();
+            debug!("port {}: {e}", port.id);
+            return None;
+        }
+    };
+    trace!("port {}: tx {} bytes on pair {}", port.id, frame.len(), tx.pair);
+    if !port.source_lock.allows(frame) {
+        stats.tx_dropped.inc();
+        stats.tx_spoofed.inc();
+        if port.health.may_warn() {
+            warn!(
+                "port {}: tx queue {}: dropping a frame from a source MAC other than the \
+                 port's (--port-mac-lock)",
+                port.id, tx.pair
+            );
+        }
+        return None;
+    }
+    if hdr.gso_type != GSO_NONE {
+        stats.tx_gso.inc();
+        // Refused here, once, rather than at each receiver that would have to cut it.
+        // Other GSO errors are for a receiver that cuts to find: one that takes GSO whole
+        // may accept them.
+        if let Err(e @ (GsoError::TooManySegments { .. } | GsoError::ZeroSize)) =
+            gso::segment_count(&hdr, frame)
+        {
+            stats.tx_dropped.inc();
+            stats.tx_gso_refused.inc();
+            if port.health.may_warn() {
+                warn!("port {}: tx queue {}: dropping GSO frame: {e}", port.id, tx.pair);
+            }
+            return None;
+        }
+    }
+    Some(hdr)
+}
+
+/// A TX chain the ring walk refused (returned empty): counted, logged.
+fn chain_refused(tx: &TxQueue<'_>, stats: &QueueStats, head: u16, e: &ChainError) {
+    stats.tx_errors.inc();
+    if matches!(e, ChainError::TooManyDescriptors) {
+        stats.tx_desc_limit.inc();
+    }
+    if tx.port.health.may_warn() {
+        warn!(
+            "port {}: tx queue {}: dropping chain {head}: {}",
+            tx.port.id,
+            tx.pair,
+            error_chain(e)
+        );
+    }
+}
+
+/// Whether the driver wants an interrupt for the `returned` TX chains just given back:
+/// only this queue's worker returns them, so the count is exact.
+fn wants_interrupt(vring: &Vring, mem: &GuestMemoryMmap, returned: usize) -> Result<bool, RingError> {
+    let st = vring.get_ref();
+    let added = u16::try_from(returned).unwrap_or(u16::MAX);
+    wants_interrupt_after(st.get_queue(), mem, added)
+}
