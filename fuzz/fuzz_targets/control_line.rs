@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use dpaa_vnic::control::qmp::QmpSpec;
-use dpaa_vnic::control::server::{answer, Daemon};
+use dpaa_vnic::control::server::answer;
+use dpaa_vnic::control::view::Daemon;
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::pipeline::csum_action::CsumAction;
 use dpaa_vnic::pipeline::router::{Route, RouterIf};

@@ -12,7 +12,7 @@ use dpaa_vnic::device::rss::Steering;
 use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
-use dpaa_vnic::pipeline::{Egress, Ingress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
+use dpaa_vnic::pipeline::{Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::ports::arena::Arena;
 use dpaa_vnic::ports::vhost_user::split_ring::MAX_FRAME_DESCS;
 use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};

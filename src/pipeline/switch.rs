@@ -538,7 +538,7 @@ mod tests {
             // A asks for its gateway: the router answers on port 0 and learns A.
             let mut req = Vec::new();
             let (a_ip, b_ip) = (Ipv4Addr::new(10, 1, 0, 2), Ipv4Addr::new(10, 2, 0, 2));
-            arp::build(
+            arp::emit(
                 &mut req,
                 arp::OP_REQUEST,
                 MacAddr::BROADCAST,
@@ -571,7 +571,7 @@ mod tests {
             );
             // B answers; the reply is for the router and goes no further.
             let mut rep = Vec::new();
-            arp::build(
+            arp::emit(
                 &mut rep,
                 arp::OP_REPLY,
                 ROUTER_MAC,
@@ -613,7 +613,7 @@ mod tests {
             let (a_ip, b_ip) = (Ipv4Addr::new(10, 1, 0, 2), Ipv4Addr::new(10, 2, 0, 2));
             for (port, mac, ip, gw) in [(0, A, a_ip, [10, 1, 0, 1]), (1, B, b_ip, [10, 2, 0, 1])] {
                 let mut rep = Vec::new();
-                arp::build(
+                arp::emit(
                     &mut rep,
                     arp::OP_REPLY,
                     ROUTER_MAC,

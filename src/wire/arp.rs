@@ -5,10 +5,27 @@ use std::net::Ipv4Addr;
 
 use thiserror::Error;
 
-use super::ethernet::MacAddr;
-use super::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
+use super::ethernet::{self, MacAddr, ETHERTYPE_ARP, ETHERTYPE_IPV4};
 
 pub const LEN: usize = 28;
+
+/// Where each field of an Ethernet/IPv4 ARP packet lies (RFC 826), named once.
+pub mod field {
+    use std::ops::Range;
+
+    pub const HTYPE: Range<usize> = 0..2;
+    pub const PTYPE: Range<usize> = 2..4;
+    pub const HLEN: usize = 4;
+    pub const PLEN: usize = 5;
+    pub const OPER: Range<usize> = 6..8;
+    pub const SHA: Range<usize> = 8..14;
+    pub const SPA: Range<usize> = 14..18;
+    pub const THA: Range<usize> = 18..24;
+    pub const TPA: Range<usize> = 24..28;
+}
+
+/// HTYPE of Ethernet.
+const HTYPE_ETHERNET: u16 = 1;
 pub const OP_REQUEST: u16 = 1;
 pub const OP_REPLY: u16 = 2;
 
@@ -31,49 +48,62 @@ impl<'a> ArpPacket<'a> {
         if b.len() < LEN {
             return Err(ArpError::Truncated(b.len()));
         }
-        let htype = u16::from_be_bytes([b[0], b[1]]);
-        let ptype = u16::from_be_bytes([b[2], b[3]]);
-        if htype != 1 || ptype != ETHERTYPE_IPV4 || b[4] != 6 || b[5] != 4 {
+        let p = ArpPacket { b };
+        let (htype, ptype) = (p.be16(field::HTYPE), p.be16(field::PTYPE));
+        if htype != HTYPE_ETHERNET || ptype != ETHERTYPE_IPV4 || b[field::HLEN] != 6 || b[field::PLEN] != 4 {
             return Err(ArpError::NotEthernetIpv4 { htype, ptype });
         }
-        Ok(ArpPacket { b })
+        Ok(p)
+    }
+
+    fn be16(&self, f: std::ops::Range<usize>) -> u16 {
+        let w = &self.b[f];
+        u16::from_be_bytes([w[0], w[1]])
+    }
+
+    fn ipv4(&self, f: std::ops::Range<usize>) -> Ipv4Addr {
+        let a = &self.b[f];
+        Ipv4Addr::new(a[0], a[1], a[2], a[3])
     }
 
     pub fn op(&self) -> u16 {
-        u16::from_be_bytes([self.b[6], self.b[7]])
+        self.be16(field::OPER)
     }
 
     pub fn sender_mac(&self) -> MacAddr {
-        MacAddr::from_slice(&self.b[8..14]).unwrap_or_default()
+        MacAddr::from_slice(&self.b[field::SHA]).unwrap_or_default()
     }
 
     pub fn sender_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::new(self.b[14], self.b[15], self.b[16], self.b[17])
+        self.ipv4(field::SPA)
     }
 
     pub fn target_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::new(self.b[24], self.b[25], self.b[26], self.b[27])
+        self.ipv4(field::TPA)
     }
 }
 
 /// Writes a whole Ethernet frame holding an ARP message into `out` (cleared first).
-pub fn build(
+pub fn emit(
     out: &mut Vec<u8>,
     op: u16,
     eth_dst: MacAddr,
     sender: (MacAddr, Ipv4Addr),
     target: (MacAddr, Ipv4Addr),
 ) {
-    out.clear();
-    out.extend_from_slice(&eth_dst.0);
-    out.extend_from_slice(&sender.0 .0);
-    out.extend_from_slice(&ETHERTYPE_ARP.to_be_bytes());
-    out.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4]);
-    out.extend_from_slice(&op.to_be_bytes());
-    out.extend_from_slice(&sender.0 .0);
-    out.extend_from_slice(&sender.1.octets());
-    out.extend_from_slice(&target.0 .0);
-    out.extend_from_slice(&target.1.octets());
+    ethernet::emit(out, eth_dst, sender.0, ETHERTYPE_ARP);
+    let at = out.len();
+    out.resize(at + LEN, 0);
+    let arp = &mut out[at..];
+    arp[field::HTYPE].copy_from_slice(&HTYPE_ETHERNET.to_be_bytes());
+    arp[field::PTYPE].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    arp[field::HLEN] = 6;
+    arp[field::PLEN] = 4;
+    arp[field::OPER].copy_from_slice(&op.to_be_bytes());
+    arp[field::SHA].copy_from_slice(&sender.0 .0);
+    arp[field::SPA].copy_from_slice(&sender.1.octets());
+    arp[field::THA].copy_from_slice(&target.0 .0);
+    arp[field::TPA].copy_from_slice(&target.1.octets());
     // Pad to the 60-byte Ethernet minimum, as a NIC would.
     out.resize(60, 0);
 }
@@ -86,7 +116,7 @@ mod tests {
     fn request_golden_and_round_trip() {
         let me: MacAddr = "02:76:6e:69:63:00".parse().unwrap();
         let mut f = Vec::new();
-        build(
+        emit(
             &mut f,
             OP_REQUEST,
             MacAddr::BROADCAST,

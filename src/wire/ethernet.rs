@@ -191,6 +191,15 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
     }
 }
 
+/// Writes an Ethernet header into `out`, cleared first: what every frame the daemon builds
+/// starts with.
+pub fn emit(out: &mut Vec<u8>, dst: MacAddr, src: MacAddr, ethertype: u16) {
+    out.clear();
+    out.extend_from_slice(&dst.0);
+    out.extend_from_slice(&src.0);
+    out.extend_from_slice(&ethertype.to_be_bytes());
+}
+
 impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
     pub fn set_dst(&mut self, mac: MacAddr) {
         self.buf.as_mut()[field::DESTINATION].copy_from_slice(&mac.0);

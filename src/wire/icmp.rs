@@ -1,12 +1,14 @@
-//! The ICMP messages a router originates (RFC 792, RFC 1812 4.3.2.3, RFC 4443): echo
-//! replies for its own addresses and errors quoting the packet that caused them.
+//! ICMPv4 (RFC 792) as a router needs it: a checked view of a message's type, and the
+//! messages it originates (RFC 1812 4.3.2.3): echo replies for its own addresses and errors
+//! quoting the packet that caused them.
 
 use std::net::Ipv4Addr;
 
+use thiserror::Error;
+
 use super::checksum::write_checksum;
-use super::ethernet::MacAddr;
-use super::ethernet::ETHERTYPE_IPV4;
-use super::ip::PROTO_ICMP;
+use super::ethernet::{self, MacAddr, ETHERTYPE_IPV4};
+use super::ip::{self, field_v4, PROTO_ICMP};
 
 pub const ECHO_REPLY: u8 = 0;
 pub const DEST_UNREACHABLE: u8 = 3;
@@ -18,14 +20,47 @@ pub const CODE_HOST_UNREACHABLE: u8 = 1;
 /// An ICMPv4 error datagram is at most 576 bytes (RFC 1812 4.3.2.3).
 const ERROR_MAX_IP: usize = 576;
 
-fn ipv4_header(out: &mut Vec<u8>, src: Ipv4Addr, dst: Ipv4Addr, payload_len: usize) {
-    let start = out.len();
-    out.extend_from_slice(&[0x45, 0]);
-    out.extend_from_slice(&((20 + payload_len) as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 64, PROTO_ICMP, 0, 0]);
-    out.extend_from_slice(&src.octets());
-    out.extend_from_slice(&dst.octets());
-    write_checksum(&mut out[start..], 10, 20, 0, false);
+/// The ICMP header: type, code, checksum, and four bytes that depend on the type.
+pub const HEADER_LEN: usize = 8;
+
+/// Where each ICMP header field lies, named once.
+pub mod field {
+    use std::ops::Range;
+
+    pub const TYPE: usize = 0;
+    pub const CODE: usize = 1;
+    pub const CHECKSUM: Range<usize> = 2..4;
+    pub const REST: Range<usize> = 4..8;
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum IcmpError {
+    #[error("ICMP message of {0} bytes is shorter than its 8-byte header")]
+    Truncated(usize),
+}
+
+/// An ICMP message that holds at least its header. Its checksum is not checked: the router
+/// only decides by the type whether to answer, and recomputes what it sends back.
+#[derive(Debug)]
+pub struct IcmpMessage<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> IcmpMessage<'a> {
+    pub fn new_checked(b: &'a [u8]) -> Result<Self, IcmpError> {
+        if b.len() < HEADER_LEN {
+            return Err(IcmpError::Truncated(b.len()));
+        }
+        Ok(IcmpMessage { b })
+    }
+
+    pub fn msg_type(&self) -> u8 {
+        self.b[field::TYPE]
+    }
+
+    pub fn code(&self) -> u8 {
+        self.b[field::CODE]
+    }
 }
 
 /// Writes into `out` an Ethernet frame carrying an ICMPv4 error of `kind`/`code` from `src`
@@ -39,37 +74,38 @@ pub fn error_v4(
     code: u8,
     orig: &[u8],
 ) {
-    let quote = &orig[..orig.len().min(ERROR_MAX_IP - 28)];
-    out.clear();
-    out.extend_from_slice(&macs.1 .0);
-    out.extend_from_slice(&macs.0 .0);
-    out.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    ipv4_header(out, src, dst, 8 + quote.len());
+    let quote = &orig[..orig.len().min(ERROR_MAX_IP - ip::IPV4_MIN - HEADER_LEN)];
+    ethernet::emit(out, macs.1, macs.0, ETHERTYPE_IPV4);
+    ip::emit_v4(out, (src, dst), PROTO_ICMP, 64, &[], HEADER_LEN + quote.len());
     let icmp = out.len();
-    out.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
+    out.resize(icmp + HEADER_LEN, 0);
+    out[icmp + field::TYPE] = kind;
+    out[icmp + field::CODE] = code;
     out.extend_from_slice(quote);
     let n = out.len() - icmp;
-    write_checksum(&mut out[icmp..], 2, n, 0, false);
+    write_checksum(&mut out[icmp..], field::CHECKSUM.start, n, 0, false);
 }
 
 /// Turns an Ethernet frame holding an ICMPv4 echo request (IPv4 header at `l3`, `hl` bytes,
 /// `total` bytes of IP) into the reply, in place: addresses swapped, type 0, TTL 64, both
 /// checksums recomputed. The caller has checked the lengths.
 pub fn echo_reply_v4(frame: &mut [u8], l3: usize, hl: usize, total: usize, router_mac: MacAddr) {
-    let (dst_mac, ip_end) = (MacAddr::from_slice(&frame[6..12]).unwrap_or_default(), l3 + total);
-    frame[0..6].copy_from_slice(&dst_mac.0);
-    frame[6..12].copy_from_slice(&router_mac.0);
-    let ip = &mut frame[l3..ip_end];
+    if let Ok(mut eth) = ethernet::EthernetFrame::new_checked(&mut *frame) {
+        let peer = eth.src();
+        eth.set_dst(peer);
+        eth.set_src(router_mac);
+    }
+    let ip = &mut frame[l3..l3 + total];
     let mut a = [0u8; 4];
-    a.copy_from_slice(&ip[12..16]);
-    ip.copy_within(16..20, 12);
-    ip[16..20].copy_from_slice(&a);
-    ip[8] = 64;
-    write_checksum(ip, 10, hl, 0, false);
+    a.copy_from_slice(&ip[field_v4::SRC_ADDR]);
+    ip.copy_within(field_v4::DST_ADDR, field_v4::SRC_ADDR.start);
+    ip[field_v4::DST_ADDR].copy_from_slice(&a);
+    ip[field_v4::TTL] = 64;
+    write_checksum(ip, field_v4::CHECKSUM.start, hl, 0, false);
     let icmp = &mut ip[hl..];
-    icmp[0] = ECHO_REPLY;
+    icmp[field::TYPE] = ECHO_REPLY;
     let n = icmp.len();
-    write_checksum(icmp, 2, n, 0, false);
+    write_checksum(icmp, field::CHECKSUM.start, n, 0, false);
 }
 
 #[cfg(test)]

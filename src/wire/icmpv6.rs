@@ -1,13 +1,14 @@
-//! IPv6 neighbour discovery (RFC 4861) as a router needs it: neighbour solicitations and
-//! advertisements with their link-layer address options, and ICMPv6 messages it sends
-//! (echo replies, errors), each a whole Ethernet frame with a valid checksum.
+//! ICMPv6 (RFC 4443) as a router needs it: neighbour discovery (RFC 4861), solicitations
+//! and advertisements with their link-layer address options, read through a checked view
+//! and sent; echo replies and errors, each a whole Ethernet frame with a valid checksum.
 
 use std::net::Ipv6Addr;
 
+use thiserror::Error;
+
 use super::checksum::{pseudo_sum, write_checksum};
-use super::ethernet::MacAddr;
-use super::ethernet::ETHERTYPE_IPV6;
-use super::ip::PROTO_ICMPV6;
+use super::ethernet::{self, MacAddr, ETHERTYPE_IPV6};
+use super::ip::{self, field_v6, IPV6_LEN, PROTO_ICMPV6};
 
 pub const ECHO_REQUEST: u8 = 128;
 pub const ECHO_REPLY: u8 = 129;
@@ -15,6 +16,66 @@ pub const NEIGHBOR_SOLICIT: u8 = 135;
 pub const NEIGHBOR_ADVERT: u8 = 136;
 pub const DEST_UNREACHABLE: u8 = 1;
 pub const TIME_EXCEEDED: u8 = 3;
+
+/// The ICMPv6 header: type, code, checksum, and four bytes that depend on the type.
+pub const HEADER_LEN: usize = 8;
+
+/// Where each ICMPv6 field lies, named once; a neighbour solicitation's or advertisement's
+/// target and options follow the header.
+pub mod field {
+    use std::ops::Range;
+
+    pub const TYPE: usize = 0;
+    pub const CODE: usize = 1;
+    pub const CHECKSUM: Range<usize> = 2..4;
+    /// NA: router, solicited, override.
+    pub const NA_FLAGS: usize = 4;
+    pub const ND_TARGET: Range<usize> = 8..24;
+    pub const ND_OPTIONS: usize = 24;
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Icmpv6Error {
+    #[error("ICMPv6 message of {0} bytes is shorter than its 8-byte header")]
+    Truncated(usize),
+}
+
+/// An ICMPv6 message that holds at least its header. Its checksum is not checked here:
+/// the router decides by the type, and neighbour discovery by its own rules (RFC 4861 7.1).
+#[derive(Debug)]
+pub struct Icmpv6Message<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Icmpv6Message<'a> {
+    pub fn new_checked(b: &'a [u8]) -> Result<Self, Icmpv6Error> {
+        if b.len() < HEADER_LEN {
+            return Err(Icmpv6Error::Truncated(b.len()));
+        }
+        Ok(Icmpv6Message { b })
+    }
+
+    pub fn msg_type(&self) -> u8 {
+        self.b[field::TYPE]
+    }
+
+    pub fn code(&self) -> u8 {
+        self.b[field::CODE]
+    }
+
+    pub fn len(&self) -> usize {
+        self.b.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.b.is_empty()
+    }
+
+    /// The message as a neighbour solicitation or advertisement, if it is a valid one.
+    pub fn neighbour(&self, hop_limit: u8) -> Option<NeighbourMessage> {
+        parse_neighbour(hop_limit, self.b)
+    }
+}
 
 const OPT_SOURCE_LLA: u8 = 1;
 const OPT_TARGET_LLA: u8 = 2;
@@ -37,17 +98,20 @@ pub struct NeighbourMessage {
 /// Parses an NS or NA (`icmp` is the ICMPv6 message, checksum already verified by the
 /// caller or not needed). RFC 4861 7.1.1: hop limit 255 and code 0, else ignored.
 pub fn parse_neighbour(hop_limit: u8, icmp: &[u8]) -> Option<NeighbourMessage> {
-    let kind = *icmp.first()?;
-    if !matches!(kind, NEIGHBOR_SOLICIT | NEIGHBOR_ADVERT) || hop_limit != 255 || icmp.get(1) != Some(&0) {
+    let kind = *icmp.get(field::TYPE)?;
+    if !matches!(kind, NEIGHBOR_SOLICIT | NEIGHBOR_ADVERT)
+        || hop_limit != 255
+        || icmp.get(field::CODE) != Some(&0)
+    {
         return None;
     }
-    let target: [u8; 16] = icmp.get(8..24)?.try_into().ok()?;
+    let target: [u8; 16] = icmp.get(field::ND_TARGET)?.try_into().ok()?;
     let want = if kind == NEIGHBOR_SOLICIT {
         OPT_SOURCE_LLA
     } else {
         OPT_TARGET_LLA
     };
-    let mut opts = &icmp[24..];
+    let mut opts = &icmp[field::ND_OPTIONS..];
     let mut lla = None;
     while opts.len() >= 8 {
         let len = usize::from(opts[1]) * 8;
@@ -84,25 +148,23 @@ pub fn solicited_node(a: &Ipv6Addr) -> (Ipv6Addr, MacAddr) {
 
 /// Starts a frame: Ethernet, IPv6 header for an ICMPv6 payload of `len` bytes.
 fn header(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, dst: &Ipv6Addr, hop: u8, len: usize) {
-    out.clear();
-    out.extend_from_slice(&macs.1 .0);
-    out.extend_from_slice(&macs.0 .0);
-    out.extend_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
-    out.extend_from_slice(&[0x60, 0, 0, 0]);
-    out.extend_from_slice(&(len as u16).to_be_bytes());
-    out.extend_from_slice(&[PROTO_ICMPV6, hop]);
-    out.extend_from_slice(&src.octets());
-    out.extend_from_slice(&dst.octets());
+    ethernet::emit(out, macs.1, macs.0, ETHERTYPE_IPV6);
+    ip::emit_v6(out, (&src.octets(), &dst.octets()), PROTO_ICMPV6, hop, len);
 }
 
 /// Fills the ICMPv6 checksum of a frame built by `header` + message.
 fn finish(out: &mut [u8]) {
-    let (ip, icmp) = out[14..].split_at_mut(40);
+    let (ip, icmp) = out[ethernet::HEADER_LEN..].split_at_mut(IPV6_LEN);
     let (n, pseudo) = (
         icmp.len(),
-        pseudo_sum(&ip[8..24], &ip[24..40], PROTO_ICMPV6, icmp.len()),
+        pseudo_sum(
+            &ip[field_v6::SRC_ADDR],
+            &ip[field_v6::DST_ADDR],
+            PROTO_ICMPV6,
+            icmp.len(),
+        ),
     );
-    write_checksum(icmp, 2, n, pseudo, false);
+    write_checksum(icmp, field::CHECKSUM.start, n, pseudo, false);
 }
 
 /// A solicited neighbour advertisement from the router: `target` is at `mac`.
@@ -138,10 +200,13 @@ pub fn solicit(out: &mut Vec<u8>, mac: MacAddr, src: &Ipv6Addr, target: &Ipv6Add
 /// An ICMPv6 error from `src` to the sender of `orig` (an IPv6 packet), quoting as much of
 /// it as the minimum MTU allows.
 pub fn error(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, kind: u8, code: u8, orig: &[u8]) {
-    let Some(dst) = orig.get(8..24).and_then(|b| <[u8; 16]>::try_from(b).ok()) else {
+    let Some(dst) = orig
+        .get(field_v6::SRC_ADDR)
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+    else {
         return;
     };
-    let quote = &orig[..orig.len().min(ERROR_MAX_IP - 48)];
+    let quote = &orig[..orig.len().min(ERROR_MAX_IP - IPV6_LEN - HEADER_LEN)];
     header(out, macs, src, &Ipv6Addr::from(dst), 64, 8 + quote.len());
     out.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
     out.extend_from_slice(quote);
@@ -151,16 +216,18 @@ pub fn error(out: &mut Vec<u8>, macs: (MacAddr, MacAddr), src: &Ipv6Addr, kind: 
 /// Turns a frame holding an ICMPv6 echo request whose IPv6 payload is the ICMP message into
 /// the reply, in place (addresses swapped, type 129, hop limit 64, checksum).
 pub fn echo_reply(frame: &mut [u8], router_mac: MacAddr) {
-    let peer = MacAddr::from_slice(&frame[6..12]).unwrap_or_default();
-    frame[0..6].copy_from_slice(&peer.0);
-    frame[6..12].copy_from_slice(&router_mac.0);
-    let ip = &mut frame[14..];
+    if let Ok(mut eth) = ethernet::EthernetFrame::new_checked(&mut *frame) {
+        let peer = eth.src();
+        eth.set_dst(peer);
+        eth.set_src(router_mac);
+    }
+    let ip = &mut frame[ethernet::HEADER_LEN..];
     let mut a = [0u8; 16];
-    a.copy_from_slice(&ip[8..24]);
-    ip.copy_within(24..40, 8);
-    ip[24..40].copy_from_slice(&a);
-    ip[7] = 64;
-    ip[40] = ECHO_REPLY;
+    a.copy_from_slice(&ip[field_v6::SRC_ADDR]);
+    ip.copy_within(field_v6::DST_ADDR, field_v6::SRC_ADDR.start);
+    ip[field_v6::DST_ADDR].copy_from_slice(&a);
+    ip[field_v6::HOP_LIMIT] = 64;
+    ip[IPV6_LEN + field::TYPE] = ECHO_REPLY;
     finish(frame);
 }
 

@@ -22,7 +22,7 @@ pub const PROTO_ICMPV6: u8 = 58;
 pub const PROTO_SCTP: u8 = 132;
 pub const PROTO_UDPLITE: u8 = 136;
 
-const NEXT_HOP: u8 = 0;
+pub const NEXT_HOP: u8 = 0;
 const NEXT_ROUTING: u8 = 43;
 const NEXT_FRAGMENT: u8 = 44;
 const NEXT_DEST: u8 = 60;
@@ -31,7 +31,7 @@ pub const IPV4_MIN: usize = 20;
 pub const IPV6_LEN: usize = 40;
 
 /// Where each IPv4 header field lies (RFC 791 3.1), named once.
-mod v4 {
+pub mod field_v4 {
     use std::ops::Range;
 
     pub const VER_IHL: usize = 0;
@@ -47,7 +47,7 @@ mod v4 {
 }
 
 /// Where each IPv6 fixed-header field lies (RFC 8200 3), named once.
-mod v6 {
+pub mod field_v6 {
     use std::ops::Range;
 
     pub const VERSION: usize = 0;
@@ -101,6 +101,50 @@ pub fn network_offset(frame: &[u8]) -> Option<(u16, usize)> {
     None
 }
 
+/// Appends an IPv4 header (no fragmentation, DF clear) to `out`: `options` (a multiple of
+/// four bytes) after the fixed 20, the total length covering `payload_len` more, the
+/// checksum filled.
+pub fn emit_v4(
+    out: &mut Vec<u8>,
+    (src, dst): (Ipv4Addr, Ipv4Addr),
+    proto: u8,
+    ttl: u8,
+    options: &[u8],
+    payload_len: usize,
+) {
+    let at = out.len();
+    let hl = IPV4_MIN + options.len();
+    out.resize(at + hl, 0);
+    let h = &mut out[at..];
+    h[field_v4::VER_IHL] = 0x40 | (hl / 4) as u8;
+    h[field_v4::LENGTH].copy_from_slice(&((hl + payload_len) as u16).to_be_bytes());
+    h[field_v4::TTL] = ttl;
+    h[field_v4::PROTOCOL] = proto;
+    h[field_v4::SRC_ADDR].copy_from_slice(&src.octets());
+    h[field_v4::DST_ADDR].copy_from_slice(&dst.octets());
+    h[IPV4_MIN..].copy_from_slice(options);
+    checksum::write_checksum(h, field_v4::CHECKSUM.start, hl, 0, false);
+}
+
+/// Appends an IPv6 fixed header to `out`, its payload length `payload_len`.
+pub fn emit_v6(
+    out: &mut Vec<u8>,
+    (src, dst): (&[u8; 16], &[u8; 16]),
+    next: u8,
+    hop_limit: u8,
+    payload_len: usize,
+) {
+    let at = out.len();
+    out.resize(at + IPV6_LEN, 0);
+    let h = &mut out[at..];
+    h[field_v6::VERSION] = 0x60;
+    h[field_v6::LENGTH].copy_from_slice(&(payload_len as u16).to_be_bytes());
+    h[field_v6::NXT_HDR] = next;
+    h[field_v6::HOP_LIMIT] = hop_limit;
+    h[field_v6::SRC_ADDR].copy_from_slice(src);
+    h[field_v6::DST_ADDR].copy_from_slice(dst);
+}
+
 /// A view of an IPv4 header whose IHL and options fit the buffer.
 #[derive(Debug)]
 pub struct Ipv4Packet<T: AsRef<[u8]>> {
@@ -111,10 +155,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub fn new_checked(buf: T) -> Result<Self, IpError> {
         let b = buf.as_ref();
         need("IPv4 header", b.len(), IPV4_MIN)?;
-        if b[v4::VER_IHL] >> 4 != 4 {
-            return Err(IpError::Version(b[v4::VER_IHL] >> 4));
+        if b[field_v4::VER_IHL] >> 4 != 4 {
+            return Err(IpError::Version(b[field_v4::VER_IHL] >> 4));
         }
-        let ihl = b[v4::VER_IHL] & 0x0f;
+        let ihl = b[field_v4::VER_IHL] & 0x0f;
         if ihl < 5 {
             return Err(IpError::ShortIhl(ihl));
         }
@@ -123,28 +167,28 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     pub fn header_len(&self) -> usize {
-        usize::from(self.buf.as_ref()[v4::VER_IHL] & 0x0f) * 4
+        usize::from(self.buf.as_ref()[field_v4::VER_IHL] & 0x0f) * 4
     }
 
     pub fn total_len(&self) -> usize {
-        usize::from(be16(self.buf.as_ref(), v4::LENGTH))
+        usize::from(be16(self.buf.as_ref(), field_v4::LENGTH))
     }
 
     /// The fragment offset is non-zero: no upper-layer header in this packet.
     pub fn is_later_fragment(&self) -> bool {
-        be16(self.buf.as_ref(), v4::FLG_OFF) & 0x1fff != 0
+        be16(self.buf.as_ref(), field_v4::FLG_OFF) & 0x1fff != 0
     }
 
     pub fn ttl(&self) -> u8 {
-        self.buf.as_ref()[v4::TTL]
+        self.buf.as_ref()[field_v4::TTL]
     }
 
     pub fn protocol(&self) -> u8 {
-        self.buf.as_ref()[v4::PROTOCOL]
+        self.buf.as_ref()[field_v4::PROTOCOL]
     }
 
     pub fn checksum(&self) -> u16 {
-        be16(self.buf.as_ref(), v4::CHECKSUM)
+        be16(self.buf.as_ref(), field_v4::CHECKSUM)
     }
 
     fn addr(&self, f: std::ops::Range<usize>) -> Ipv4Addr {
@@ -153,17 +197,17 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     pub fn src(&self) -> Ipv4Addr {
-        self.addr(v4::SRC_ADDR)
+        self.addr(field_v4::SRC_ADDR)
     }
 
     pub fn dst(&self) -> Ipv4Addr {
-        self.addr(v4::DST_ADDR)
+        self.addr(field_v4::DST_ADDR)
     }
 
     /// Pseudo-header sum for an upper-layer length `len` (RFC 793/768), not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[v4::SRC_ADDR], &b[v4::DST_ADDR], proto, len)
+        checksum::pseudo_sum(&b[field_v4::SRC_ADDR], &b[field_v4::DST_ADDR], proto, len)
     }
 }
 
@@ -171,18 +215,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     /// Recomputes the header checksum over IHL words.
     pub fn fill_checksum(&mut self) {
         let hl = self.header_len();
-        checksum::write_checksum(self.buf.as_mut(), v4::CHECKSUM.start, hl, 0, false);
+        checksum::write_checksum(self.buf.as_mut(), field_v4::CHECKSUM.start, hl, 0, false);
     }
 
     /// Decrements the TTL and patches the header checksum incrementally (RFC 1624, eqn. 3):
     /// the 16-bit word holding TTL and protocol is the only one that changes.
     pub fn decrement_ttl(&mut self) {
         let b = self.buf.as_mut();
-        let old = be16(b, v4::TTL_PROTO);
-        b[v4::TTL] = b[v4::TTL].wrapping_sub(1);
-        let new = be16(b, v4::TTL_PROTO);
-        let c = checksum::update16(be16(b, v4::CHECKSUM), old, new);
-        b[v4::CHECKSUM].copy_from_slice(&c.to_be_bytes());
+        let old = be16(b, field_v4::TTL_PROTO);
+        b[field_v4::TTL] = b[field_v4::TTL].wrapping_sub(1);
+        let new = be16(b, field_v4::TTL_PROTO);
+        let c = checksum::update16(be16(b, field_v4::CHECKSUM), old, new);
+        b[field_v4::CHECKSUM].copy_from_slice(&c.to_be_bytes());
     }
 }
 
@@ -210,22 +254,22 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     pub fn new_checked(buf: T) -> Result<Self, IpError> {
         let b = buf.as_ref();
         need("IPv6 header", b.len(), IPV6_LEN)?;
-        if b[v6::VERSION] >> 4 != 6 {
-            return Err(IpError::Version(b[v6::VERSION] >> 4));
+        if b[field_v6::VERSION] >> 4 != 6 {
+            return Err(IpError::Version(b[field_v6::VERSION] >> 4));
         }
         Ok(Ipv6Packet { buf })
     }
 
     pub fn payload_len(&self) -> usize {
-        usize::from(be16(self.buf.as_ref(), v6::LENGTH))
+        usize::from(be16(self.buf.as_ref(), field_v6::LENGTH))
     }
 
     pub fn next_header(&self) -> u8 {
-        self.buf.as_ref()[v6::NXT_HDR]
+        self.buf.as_ref()[field_v6::NXT_HDR]
     }
 
     pub fn hop_limit(&self) -> u8 {
-        self.buf.as_ref()[v6::HOP_LIMIT]
+        self.buf.as_ref()[field_v6::HOP_LIMIT]
     }
 
     fn addr(&self, f: std::ops::Range<usize>) -> Ipv6Addr {
@@ -235,17 +279,17 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
 
     pub fn src(&self) -> Ipv6Addr {
-        self.addr(v6::SRC_ADDR)
+        self.addr(field_v6::SRC_ADDR)
     }
 
     pub fn dst(&self) -> Ipv6Addr {
-        self.addr(v6::DST_ADDR)
+        self.addr(field_v6::DST_ADDR)
     }
 
     /// Pseudo-header sum (RFC 8200 8.1) for an upper-layer length `len`, not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[v6::SRC_ADDR], &b[v6::DST_ADDR], proto, len)
+        checksum::pseudo_sum(&b[field_v6::SRC_ADDR], &b[field_v6::DST_ADDR], proto, len)
     }
 
     /// Walks hop-by-hop, routing and destination-options headers to the upper layer. A
@@ -287,7 +331,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     pub fn decrement_hop_limit(&mut self) {
         let b = self.buf.as_mut();
-        b[v6::HOP_LIMIT] = b[v6::HOP_LIMIT].wrapping_sub(1);
+        b[field_v6::HOP_LIMIT] = b[field_v6::HOP_LIMIT].wrapping_sub(1);
     }
 }
 

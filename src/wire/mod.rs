@@ -8,11 +8,14 @@
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
+pub mod group_record;
 pub mod icmp;
 pub mod icmpv6;
+pub mod igmp;
 pub mod ip;
 pub mod layers;
 pub mod mcast_report;
+pub mod mld;
 pub mod virtio_net_hdr;
 
 pub use ethernet::{EthernetFrame, MacAddr};

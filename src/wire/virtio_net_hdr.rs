@@ -20,6 +20,21 @@ pub const GSO_UDP_L4: u8 = 5;
 /// Flag bit on top of a GSO type: the segments carry ECN's CWR.
 pub const GSO_ECN: u8 = 0x80;
 
+/// Where each field of `struct virtio_net_hdr_v1_hash` lies (little-endian), named once.
+pub mod field {
+    use std::ops::Range;
+
+    pub const FLAGS: usize = 0;
+    pub const GSO_TYPE: usize = 1;
+    pub const HDR_LEN: Range<usize> = 2..4;
+    pub const GSO_SIZE: Range<usize> = 4..6;
+    pub const CSUM_START: Range<usize> = 6..8;
+    pub const CSUM_OFFSET: Range<usize> = 8..10;
+    pub const NUM_BUFFERS: Range<usize> = 10..12;
+    pub const HASH_VALUE: Range<usize> = 12..16;
+    pub const HASH_REPORT: Range<usize> = 16..18;
+}
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum HdrError {
     #[error("buffer of {got} bytes is shorter than the {want}-byte virtio-net header")]
@@ -42,7 +57,8 @@ pub struct VirtioNetHdr {
 }
 
 impl VirtioNetHdr {
-    /// Parses the first `len` (10 or 12) bytes of `b`.
+    /// Reads the first `len` (10, 12 or 20) bytes of `b`, checked to be there: the
+    /// header is small and read whole, so it is decoded rather than viewed.
     pub fn parse(b: &[u8], len: usize) -> Result<Self, HdrError> {
         if b.len() < len || len < HDR_LEN_LEGACY {
             return Err(HdrError::Truncated {
@@ -50,21 +66,23 @@ impl VirtioNetHdr {
                 want: len,
             });
         }
-        let le = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let le = |f: std::ops::Range<usize>| u16::from_le_bytes([b[f.start], b[f.start + 1]]);
+        let hash = len >= HDR_LEN_HASH;
         Ok(VirtioNetHdr {
-            flags: b[0],
-            gso_type: b[1],
-            hdr_len: le(2),
-            gso_size: le(4),
-            csum_start: le(6),
-            csum_offset: le(8),
-            num_buffers: if len >= HDR_LEN { le(10) } else { 0 },
-            hash_value: if len >= HDR_LEN_HASH {
-                u32::from_le_bytes([b[12], b[13], b[14], b[15]])
+            flags: b[field::FLAGS],
+            gso_type: b[field::GSO_TYPE],
+            hdr_len: le(field::HDR_LEN),
+            gso_size: le(field::GSO_SIZE),
+            csum_start: le(field::CSUM_START),
+            csum_offset: le(field::CSUM_OFFSET),
+            num_buffers: if len >= HDR_LEN { le(field::NUM_BUFFERS) } else { 0 },
+            hash_value: if hash {
+                let v = &b[field::HASH_VALUE];
+                u32::from_le_bytes([v[0], v[1], v[2], v[3]])
             } else {
                 0
             },
-            hash_report: if len >= HDR_LEN_HASH { le(16) } else { 0 },
+            hash_report: if hash { le(field::HASH_REPORT) } else { 0 },
         })
     }
 
@@ -72,15 +90,15 @@ impl VirtioNetHdr {
     /// (v1, MRG_RXBUF) or all 20 (HASH_REPORT).
     pub fn to_bytes(&self) -> [u8; HDR_LEN_HASH] {
         let mut b = [0u8; HDR_LEN_HASH];
-        b[0] = self.flags;
-        b[1] = self.gso_type;
-        b[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
-        b[4..6].copy_from_slice(&self.gso_size.to_le_bytes());
-        b[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
-        b[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
-        b[10..12].copy_from_slice(&self.num_buffers.to_le_bytes());
-        b[12..16].copy_from_slice(&self.hash_value.to_le_bytes());
-        b[16..18].copy_from_slice(&self.hash_report.to_le_bytes());
+        b[field::FLAGS] = self.flags;
+        b[field::GSO_TYPE] = self.gso_type;
+        b[field::HDR_LEN].copy_from_slice(&self.hdr_len.to_le_bytes());
+        b[field::GSO_SIZE].copy_from_slice(&self.gso_size.to_le_bytes());
+        b[field::CSUM_START].copy_from_slice(&self.csum_start.to_le_bytes());
+        b[field::CSUM_OFFSET].copy_from_slice(&self.csum_offset.to_le_bytes());
+        b[field::NUM_BUFFERS].copy_from_slice(&self.num_buffers.to_le_bytes());
+        b[field::HASH_VALUE].copy_from_slice(&self.hash_value.to_le_bytes());
+        b[field::HASH_REPORT].copy_from_slice(&self.hash_report.to_le_bytes());
         b
     }
 

@@ -30,7 +30,7 @@ pub(super) fn arp(table: &RouteTable, port: usize, frame: &[u8], out: &mut Vec<u
     let learn = (table.is_neighbour(port, sender) && smac.is_unicast()).then_some((sender, smac));
     let target = IpAddr::V4(a.target_ip());
     let step = if a.op() == arp::OP_REQUEST && table.is_own_on(port, target) {
-        arp::build(
+        arp::emit(
             out,
             arp::OP_REPLY,
             smac,
@@ -148,7 +148,7 @@ impl Family for V4 {
         let (IpAddr::V4(from), IpAddr::V4(hop)) = (from, hop) else {
             return false;
         };
-        arp::build(
+        arp::emit(
             out,
             arp::OP_REQUEST,
             MacAddr::BROADCAST,

@@ -68,7 +68,8 @@ pub(super) fn handle(
         icmp: message.and_then(|m| m.first().map(|t| (*t, m.len()))),
         from_mac: eth.src(),
     };
-    if let Some(n) = message.and_then(|m| icmpv6::parse_neighbour(pkt.hop_limit, m)) {
+    let nd = message.and_then(|m| icmpv6::Icmpv6Message::new_checked(m).ok());
+    if let Some(n) = nd.and_then(|m| m.neighbour(pkt.hop_limit)) {
         return neighbour(table, port, to_router, &pkt, &n, out);
     }
     if !to_router {
