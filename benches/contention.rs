@@ -11,7 +11,7 @@
 //!
 //! Criterion reports the time per packet of one thread while the others run the same loop;
 //! the ratio between the 1- and 2-thread rows is the contention. A 2-CPU machine shows two
-//! threads at most. docs/benchmarks.md, "The seeds' own comparisons", has the results.
+//! threads at most. docs/performance.md, "The seeds' own comparisons", has the results.
 //!
 //! cargo bench --bench contention
 

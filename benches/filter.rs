@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use dpaa_vnic::device::features::offered;
 use dpaa_vnic::device::features::Negotiated;
-use dpaa_vnic::device::filter::{Filter, FilterRegs, Layout};
+use dpaa_vnic::device::filter::{Filter, FilterRegs, Layout, Verdict};
+use dpaa_vnic::device::rx_state::RxMode;
 use dpaa_vnic::device::NicState;
 use dpaa_vnic::wire::MacAddr;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -64,10 +65,21 @@ fn bench_sync(c: &mut Criterion) {
 }
 
 fn bench_classify(c: &mut Criterion) {
-    let f = filter_with(&groups(2000, 0));
+    let mut f = filter_with(&groups(2000, 0));
+    // Out of the promiscuous mode a device starts in, as a driver's first commands take it.
+    f.set_mode(RxMode {
+        promisc: false,
+        ..RxMode::default()
+    });
     let hit = MacAddr::from_u64(0x0100_5e00_0100);
     let miss = MacAddr::from_u64(0x0100_5e40_0000);
     let uni = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+    // Each case takes the path it is named for (checked here: a filter left promiscuous
+    // would answer all three at its first test).
+    assert_eq!(f.regs().classify(&hit), Verdict::Multicast);
+    assert!(matches!(f.regs().classify(&miss), Verdict::Reject | Verdict::FalsePositive));
+    assert_eq!(f.regs().classify(&uni), Verdict::Accept);
+    assert_eq!(f.regs().classify(&MacAddr([0x52, 0x54, 0, 0, 0, 9])), Verdict::Reject);
     let mut g = c.benchmark_group("classify (2000 groups, memac)");
     g.bench_function("joined group", |b| b.iter(|| f.regs().classify(black_box(&hit))));
     g.bench_function("other group", |b| b.iter(|| f.regs().classify(black_box(&miss))));

@@ -221,8 +221,8 @@ accel_args() {
 #   the device NIC the one its daemon serves). GUEST_EXTRA_ARGS are added to QEMU's command
 #   line (paths inside the QEMU root: $RUN_IN_CHROOT/...).
 # Ring size of the device attachment's queues (QEMU's test device defaults to 64, where
-# virtio-net-pci has 256): VNIC_VQ_SIZE, docs/benchmarks.md "Ring size of the device
-# attachment" measured the default, 256 as virtio-net-pci.
+# virtio-net-pci has 256): VNIC_VQ_SIZE, by default 256 as virtio-net-pci (a ring of 64
+# overflows sooner under bursts to the guest).
 VNIC_VQ_SIZE=${VNIC_VQ_SIZE:-256}
 start_guest() {
     local name=$1 mode=$2 sock=$3 initrd=$4 queues=${5:-1} mac=${6:-52:54:00:d0:aa:01} chopts=${7:-}

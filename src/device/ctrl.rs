@@ -77,7 +77,7 @@ pub enum CtrlOutcome {
 pub struct ValidCommand<'a>(Cmd<'a>);
 
 impl ValidCommand<'_> {
-    /// A MAC_TABLE_SET: answered before it is applied (backend.rs).
+    /// A MAC_TABLE_SET: answered before it is applied (ports/vhost_user/ctrl_queue.rs).
     pub fn is_table_set(&self) -> bool {
         matches!(self.0, Cmd::MacTable { .. })
     }
