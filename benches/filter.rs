@@ -77,9 +77,15 @@ fn bench_classify(c: &mut Criterion) {
     // Each case takes the path it is named for (checked here: a filter left promiscuous
     // would answer all three at its first test).
     assert_eq!(f.regs().classify(&hit), Verdict::Multicast);
-    assert!(matches!(f.regs().classify(&miss), Verdict::Reject | Verdict::FalsePositive));
+    assert!(matches!(
+        f.regs().classify(&miss),
+        Verdict::Reject | Verdict::FalsePositive
+    ));
     assert_eq!(f.regs().classify(&uni), Verdict::Accept);
-    assert_eq!(f.regs().classify(&MacAddr([0x52, 0x54, 0, 0, 0, 9])), Verdict::Reject);
+    assert_eq!(
+        f.regs().classify(&MacAddr([0x52, 0x54, 0, 0, 0, 9])),
+        Verdict::Reject
+    );
     let mut g = c.benchmark_group("classify (2000 groups, memac)");
     g.bench_function("joined group", |b| b.iter(|| f.regs().classify(black_box(&hit))));
     g.bench_function("other group", |b| b.iter(|| f.regs().classify(black_box(&miss))));

@@ -713,37 +713,24 @@ fn tx_batch_stops_at_its_limits() {
     let frame_max = 1000;
     let mut buf = vec![0u8; 4000];
     let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut pop = |lim: BatchLimits| {
+        pop_tx_batch(&mut q, &m, HDR, &mut buf, lim, &mut batch).unwrap();
+        batch.len()
+    };
     // At most TX_BATCH chains, whatever the budget.
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
-    assert_eq!(batch.len(), TX_BATCH);
+    assert_eq!(pop(limits(frame_max)), TX_BATCH);
     // The chain budget.
-    pop_tx_batch(
-        &mut q,
-        &m,
-        HDR,
-        &mut buf,
-        BatchLimits {
-            chains: 3,
-            ..limits(frame_max)
-        },
-        &mut batch,
-    )
-    .unwrap();
-    assert_eq!(batch.len(), 3);
+    let chains = BatchLimits {
+        chains: 3,
+        ..limits(frame_max)
+    };
+    assert_eq!(pop(chains), 3);
     // The walk budget: two descriptors per chain, so the second chain goes past 3.
-    pop_tx_batch(
-        &mut q,
-        &m,
-        HDR,
-        &mut buf,
-        BatchLimits {
-            walk: 3,
-            ..limits(frame_max)
-        },
-        &mut batch,
-    )
-    .unwrap();
-    assert_eq!(batch.len(), 2);
+    let walk = BatchLimits {
+        walk: 3,
+        ..limits(frame_max)
+    };
+    assert_eq!(pop(walk), 2);
     // Room: 4000 bytes hold 72-byte chains until fewer than 1000 are left.
     let mut small = vec![0u8; 1100];
     pop_tx_batch(&mut q, &m, HDR, &mut small, limits(frame_max), &mut batch).unwrap();

@@ -47,6 +47,32 @@ pub mod field {
     pub const ADDRESS: usize = 4;
 }
 
+/// The one record a v1/v2 report or leave stands for: `kind` of `group`, no sources; none
+/// if the address is no group.
+pub fn single(kind: RecordKind, group: IpAddr) -> Option<Vec<GroupRecord>> {
+    group.is_multicast().then(|| {
+        vec![GroupRecord {
+            kind,
+            group,
+            sources: Vec::new(),
+        }]
+    })
+}
+
+/// The records of a v3 or v2 report `m`: their count in the 16 bits at `count`, the records
+/// from `first` on, addresses `alen` bytes long.
+pub fn counted(
+    m: &[u8],
+    count: std::ops::Range<usize>,
+    first: usize,
+    alen: usize,
+    addr: fn(&[u8]) -> IpAddr,
+) -> Option<Vec<GroupRecord>> {
+    let n = m.get(count)?;
+    let n = usize::from(u16::from_be_bytes([n[0], n[1]]));
+    parse(m.get(first..)?, n, alen, addr)
+}
+
 /// `n` records from the start of `b`, each address `alen` bytes (`addr` reads one). `None`
 /// if a record runs past `b` or has an unknown type. A record for an address that is no
 /// group says nothing a filter can follow (the multicast address field, RFC 3376 4.2.12,

@@ -72,31 +72,14 @@ impl<'a> IgmpMessage<'a> {
         self.b[field::TYPE]
     }
 
-    fn group(&self) -> IpAddr {
-        ipv4(&self.b[field::GROUP])
-    }
-
     /// The group records a report carries (`None` for anything else, or a v3 report whose
     /// records run past the message).
     pub fn records(&self) -> Option<Vec<GroupRecord>> {
-        let simple = |kind| {
-            let group = self.group();
-            group.is_multicast().then(|| {
-                vec![GroupRecord {
-                    kind,
-                    group,
-                    sources: Vec::new(),
-                }]
-            })
-        };
+        let group = || ipv4(&self.b[field::GROUP]);
         match self.msg_type() {
-            V1_REPORT | V2_REPORT => simple(RecordKind::IsExclude),
-            LEAVE => simple(RecordKind::ToInclude),
-            V3_REPORT => {
-                let n = &self.b[field::RECORDS];
-                let n = usize::from(u16::from_be_bytes([n[0], n[1]]));
-                group_record::parse(&self.b[field::FIRST_RECORD..], n, 4, ipv4)
-            }
+            V1_REPORT | V2_REPORT => group_record::single(RecordKind::IsExclude, group()),
+            LEAVE => group_record::single(RecordKind::ToInclude, group()),
+            V3_REPORT => group_record::counted(self.b, field::RECORDS, field::FIRST_RECORD, 4, ipv4),
             _ => None,
         }
     }

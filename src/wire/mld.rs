@@ -77,24 +77,11 @@ impl<'a> MldMessage<'a> {
     /// The group records a report carries (`None` for anything else, or a v2 report whose
     /// records run past the message).
     pub fn records(&self) -> Option<Vec<GroupRecord>> {
-        let simple = |kind| {
-            let group = ipv6(&self.b[field::ADDRESS]);
-            group.is_multicast().then(|| {
-                vec![GroupRecord {
-                    kind,
-                    group,
-                    sources: Vec::new(),
-                }]
-            })
-        };
+        let group = || ipv6(&self.b[field::ADDRESS]);
         match self.msg_type() {
-            V1_REPORT => simple(RecordKind::IsExclude),
-            V1_DONE => simple(RecordKind::ToInclude),
-            V2_REPORT => {
-                let n = &self.b[field::RECORDS];
-                let n = usize::from(u16::from_be_bytes([n[0], n[1]]));
-                group_record::parse(&self.b[field::FIRST_RECORD..], n, 16, ipv6)
-            }
+            V1_REPORT => group_record::single(RecordKind::IsExclude, group()),
+            V1_DONE => group_record::single(RecordKind::ToInclude, group()),
+            V2_REPORT => group_record::counted(self.b, field::RECORDS, field::FIRST_RECORD, 16, ipv6),
             _ => None,
         }
     }
