@@ -29,7 +29,24 @@ cleanup() {
     local rc=$?
     # Clean-up must run to the end even where a kill finds nothing left to kill.
     set +e
-    local p d
+    local p d n
+    # QEMU is a well-behaved frontend: any message of its that a daemon refused (policy.rs)
+    # is a failure of the scenario, whatever else passed.
+    if ((rc == 0)) && [[ -d $RUN_DIR ]]; then
+        for d in "${!DAEMON_PID[@]}"; do
+            kill -0 "${DAEMON_PID[$d]}" 2>/dev/null || continue
+            n=$(timeout 5 "$VNIC_BIN" ctl --control "$RUN_DIR/$d.ctl" stats 2>/dev/null | python3 -c '
+import json, sys
+ports = json.load(sys.stdin)["ports"]
+print(sum(p.get("frontend_refused", p.get("totals", {}).get("frontend_refused", 0)) for p in ports))' 2>/dev/null)
+            if [[ -n $n && $n != 0 ]]; then
+                echo "FAIL: daemon $d refused $n of QEMU's vhost-user messages" >&2
+                rc=1
+            elif [[ -n $n ]]; then
+                log "ok: daemon $d refused none of QEMU's vhost-user messages"
+            fi
+        done
+    fi
     # A failure's first clue is often in the daemon's counters (a drop, a refused frame):
     # read them from every daemon still running, before anything is stopped.
     if ((rc != 0)) && [[ -d $RUN_DIR ]]; then

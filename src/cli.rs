@@ -25,7 +25,10 @@ pub const MAX_QUEUE_PAIRS: u16 = 31;
 #[command(
     name = "dpaa-vnic",
     version,
-    about = "vhost-user virtio-net backend modelled on NXP DPAA (FMan)"
+    about = "vhost-user virtio-net backend modelled on NXP DPAA (FMan)",
+    after_long_help = "SIGNALS:\n  SIGTERM, SIGINT and SIGHUP each stop the daemon: every port's connection ends, the \
+sockets it bound are removed, and it exits 0. SIGHUP does not reload anything: a terminal \
+that closes, or a service manager's stop, ends the daemon cleanly."
 )]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -156,6 +159,11 @@ pub struct RunArgs {
     /// default covers the gaps between a Linux guest's commands (docs/performance.md).
     #[arg(long, default_value_t = 1000, value_name = "US")]
     pub ctrl_poll_us: u64,
+    /// Seconds a frontend has, once connected, to claim its port (VHOST_USER_SET_OWNER,
+    /// QEMU's and DPDK's first request or close to it) before it is disconnected: a client
+    /// that connects and says nothing holds the port from everyone else (0: no limit).
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    pub handshake_timeout: u64,
     /// Opt-in poll mode: N threads busy-poll the guests' TX queues (queues spread over them
     /// in turn) and carry each frame to its destination, with no kick or wake-up, as DPDK's
     /// PMD threads do. Each thread keeps a whole CPU busy even when no frame passes; where
@@ -194,8 +202,10 @@ pub struct RunArgs {
     pub csum_actions: Vec<CsumAction>,
     /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics. A bare PORT
     /// listens on 127.0.0.1; ADDR may be a host name (`localhost`). A wildcard address
-    /// (0.0.0.0, [::]) needs --metrics-wildcard.
-    #[arg(long, value_name = "[ADDR:]PORT")]
+    /// (0.0.0.0, [::]) needs --metrics-wildcard. `unix:PATH` serves the same page on a Unix
+    /// socket with the mode and group of --socket-mode/--socket-group, for hosts where any
+    /// local user may reach loopback TCP.
+    #[arg(long, value_name = "[ADDR:]PORT|unix:PATH")]
     pub metrics: Option<String>,
     /// Let --metrics listen on a wildcard address, reachable from every interface.
     #[arg(long)]

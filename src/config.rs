@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::cli::{RunArgs, MAX_QUEUE_PAIRS};
+use crate::control::metrics_server::MetricsAt;
 use crate::control::qmp::QmpSpec;
 use crate::device::filter::Layout;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::{Route, RouterIf};
-use crate::pipeline::rules::NamesPort;
+use crate::pipeline::rules::{NamesPort, MAX_ACTIONS, MAX_ROUTES};
 use crate::pipeline::source_lock::MacLock;
 use crate::ports::poll::PollConfig;
 use crate::ports::vhost_user::Snooping;
@@ -44,6 +45,15 @@ pub enum ConfigError {
     },
     #[error("--tap {0:?}: interface names are 1 to 15 bytes")]
     TapName(String),
+    #[error(
+        "{what} {path}: {len} bytes, and a Unix socket's path holds at most {} (unix(7), sun_path)",
+        crate::unix_socket::MAX_PATH
+    )]
+    SocketPath {
+        what: &'static str,
+        path: String,
+        len: usize,
+    },
     #[error("--socket {0} is given twice")]
     DuplicateSocket(String),
     #[error("--qmp names port {port}, but there are {ports} guest ports")]
@@ -62,6 +72,12 @@ pub enum ConfigError {
         spec: String,
         port: usize,
         ports: usize,
+    },
+    #[error("{n} {what} given: at most {max}")]
+    TooMany {
+        what: &'static str,
+        n: usize,
+        max: usize,
     },
     #[error("--route needs at least one --router-ip")]
     RouteWithoutRouter,
@@ -116,11 +132,13 @@ pub struct Config {
     pub exact_limit: usize,
     /// How long the control thread polls its ring after a command (`--ctrl-poll-us`).
     pub ctrl_poll: std::time::Duration,
+    /// `--handshake-timeout` (`None`: no limit).
+    pub handshake: Option<std::time::Duration>,
     pub qmp: Vec<QmpSpec>,
     pub snoop: Snooping,
     pub csum_actions: Vec<CsumAction>,
     pub tap_csum: bool,
-    pub metrics: Option<std::net::SocketAddr>,
+    pub metrics: Option<MetricsAt>,
     /// Mode and group of the sockets the daemon creates.
     pub socket_access: SocketAccess,
     pub router_ips: Vec<RouterIf>,
@@ -196,13 +214,27 @@ fn resolve_group(s: &str) -> Result<nix::unistd::Gid, ConfigError> {
     }
 }
 
-/// `--metrics`: `PORT` (loopback), `ADDR:PORT` or `HOST:PORT`; a wildcard only if allowed.
-fn metrics_addr(spec: &str, wildcard: bool) -> Result<std::net::SocketAddr, ConfigError> {
+/// `--metrics`: `unix:PATH`, `PORT` (loopback), `ADDR:PORT` or `HOST:PORT`; a wildcard
+/// only if allowed.
+fn metrics_at(spec: &str, wildcard: bool) -> Result<MetricsAt, ConfigError> {
     use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
     let bad = |why: String| ConfigError::Metrics {
         spec: spec.to_string(),
         why,
     };
+    if let Some(path) = spec.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(bad("unix: needs a path".into()));
+        }
+        if path.len() > crate::unix_socket::MAX_PATH {
+            return Err(ConfigError::SocketPath {
+                what: "--metrics",
+                path: path.to_string(),
+                len: path.len(),
+            });
+        }
+        return Ok(MetricsAt::Unix(PathBuf::from(path)));
+    }
     let addr = match spec.parse::<u16>() {
         Ok(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         Err(_) => spec
@@ -214,7 +246,7 @@ fn metrics_addr(spec: &str, wildcard: bool) -> Result<std::net::SocketAddr, Conf
     if addr.ip().is_unspecified() && !wildcard {
         return Err(ConfigError::MetricsWildcard(addr));
     }
-    Ok(addr)
+    Ok(MetricsAt::Tcp(addr))
 }
 
 fn default_mac(i: usize) -> MacAddr {
@@ -247,6 +279,19 @@ impl Checks<'_> {
         for (i, fd) in self.fds.iter().enumerate() {
             if self.fds[..i].contains(fd) {
                 return Err(ConfigError::DuplicateFd(*fd));
+            }
+        }
+        let paths = (self.sockets.iter().map(|p| ("--socket", p)))
+            .chain(self.control.iter().map(|p| ("--control", p)))
+            .chain(self.qmp.iter().map(|q| ("--qmp", &q.path)));
+        for (what, path) in paths {
+            let len = path.as_os_str().len();
+            if len > crate::unix_socket::MAX_PATH {
+                return Err(ConfigError::SocketPath {
+                    what,
+                    path: path.display().to_string(),
+                    len,
+                });
             }
         }
         if self.queues == 0 || self.queues > MAX_QUEUE_PAIRS {
@@ -307,6 +352,14 @@ impl Checks<'_> {
     fn check_rules(&self) -> Result<(), ConfigError> {
         let nports = self.guest_count() + usize::from(self.tap.is_some());
         check_named_ports("--csum-action", &self.csum_actions, nports)?;
+        for (what, n, max) in [
+            ("--csum-action", self.csum_actions.len(), MAX_ACTIONS),
+            ("--route", self.routes.len(), MAX_ROUTES),
+        ] {
+            if n > max {
+                return Err(ConfigError::TooMany { what, n, max });
+            }
+        }
         check_named_ports("--router-ip", &self.router_ips, nports)?;
         check_named_ports("--route", &self.routes, nports)?;
         if !self.routes.is_empty() && self.router_ips.is_empty() {
@@ -332,7 +385,7 @@ impl TryFrom<RunArgs> for Config {
         let metrics = a
             .metrics
             .as_deref()
-            .map(|spec| metrics_addr(spec, a.metrics_wildcard))
+            .map(|spec| metrics_at(spec, a.metrics_wildcard))
             .transpose()?;
         let poll = poll_config(a.poll, a.poll_cpus.as_deref())?;
         let socket_access = SocketAccess {
@@ -360,6 +413,7 @@ impl TryFrom<RunArgs> for Config {
             filter: a.filter,
             exact_limit: a.exact_limit,
             ctrl_poll: std::time::Duration::from_micros(a.ctrl_poll_us),
+            handshake: (a.handshake_timeout > 0).then(|| std::time::Duration::from_secs(a.handshake_timeout)),
             qmp: a.qmp,
             snoop: if a.snoop {
                 Snooping::On {
@@ -447,13 +501,31 @@ mod tests {
         let m = |args: &[&str]| {
             parse(&[&["--socket", "a"], args].concat()).map(|c| c.metrics.unwrap().to_string())
         };
-        assert_eq!(m(&["--metrics", "9100"]).unwrap(), "127.0.0.1:9100");
-        assert_eq!(m(&["--metrics", "127.0.0.1:9100"]).unwrap(), "127.0.0.1:9100");
-        assert!(m(&["--metrics", "localhost:9100"]).unwrap().ends_with(":9100"));
+        assert_eq!(
+            m(&["--metrics", "9100"]).unwrap(),
+            "http://127.0.0.1:9100/metrics"
+        );
+        assert_eq!(
+            m(&["--metrics", "127.0.0.1:9100"]).unwrap(),
+            "http://127.0.0.1:9100/metrics"
+        );
+        assert!(m(&["--metrics", "localhost:9100"])
+            .unwrap()
+            .ends_with(":9100/metrics"));
         assert_eq!(
             m(&["--metrics", "[::]:9100", "--metrics-wildcard"]).unwrap(),
-            "[::]:9100"
+            "http://[::]:9100/metrics"
         );
+        assert_eq!(
+            parse(&["--socket", "a", "--metrics", "unix:/run/m.sock"])
+                .unwrap()
+                .metrics,
+            Some(MetricsAt::Unix("/run/m.sock".into()))
+        );
+        assert!(matches!(
+            parse(&["--socket", "a", "--metrics", "unix:"]),
+            Err(ConfigError::Metrics { .. })
+        ));
         let c = parse(&["--socket", "a", "--socket-mode", "0660", "--socket-group", "0"]).unwrap();
         assert_eq!(c.socket_access.mode, 0o660);
     }
@@ -480,6 +552,23 @@ mod tests {
         assert!(matches!(
             parse(&["--socket", "a", "--socket", "a"]),
             Err(ConfigError::DuplicateSocket(_))
+        ));
+        let long = format!("/run/{}", "d".repeat(103));
+        assert!(parse(&["--socket", &long[..107]]).is_ok());
+        assert!(matches!(
+            parse(&["--socket", &long]),
+            Err(ConfigError::SocketPath {
+                what: "--socket",
+                len: 108,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["--socket", "a", "--control", &long]),
+            Err(ConfigError::SocketPath {
+                what: "--control",
+                ..
+            })
         ));
         assert!(matches!(
             parse(&[

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use thiserror::Error;
 
 use crate::config::{Config, Endpoint, GuestPortConfig};
-use crate::control::metrics::{self, MetricsError};
+use crate::control::metrics_server::{self, MetricsError};
 use crate::control::server::ControlError;
 use crate::control::view::PortRef;
 use crate::control::{qmp, ControlServer, Daemon};
@@ -28,7 +28,7 @@ use crate::ports::tap::{TapError, TapPort};
 use crate::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
 use crate::stop::{self, Stop, Stoppable};
 use crate::unix_socket;
-use crate::unix_socket::SocketError;
+use crate::unix_socket::{Claim, SocketError};
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -46,6 +46,10 @@ pub enum StartError {
     Metrics(#[source] MetricsError),
     #[error("poll mode")]
     Poll(#[source] PollError),
+    #[error("the daemon may need {needed} descriptors at once and the process may open {limit} (raise the hard limit: `ulimit -Hn`, systemd's LimitNOFILE=)")]
+    Descriptors { needed: u64, limit: u64 },
+    #[error("raising the descriptor limit to {0}")]
+    RaiseLimit(u64, #[source] nix::Error),
     #[error("starting the {what} thread")]
     Spawn {
         what: String,
@@ -66,7 +70,8 @@ const STOP_WITHIN: Duration = Duration::from_secs(5);
 #[derive(Default)]
 struct Started {
     stop: Stop,
-    owned: Vec<PathBuf>,
+    /// The sockets this process bound; dropped after the threads that serve them.
+    owned: Vec<Claim>,
     servers: Vec<Stoppable>,
     /// Poll mode's threads: stopped before the ports, whose connections they serve.
     poll: Vec<Stoppable>,
@@ -85,10 +90,7 @@ impl Drop for Started {
         if late > 0 {
             warn!("{late} thread(s) did not stop in time");
         }
-        for p in &self.owned {
-            // Gone already (removed by hand) is fine; nothing else is worth reporting on exit.
-            let _ = std::fs::remove_file(p);
-        }
+        // Then `owned` goes, removing the sockets (never another process's: unix_socket.rs).
     }
 }
 
@@ -129,6 +131,8 @@ fn spawned(
 /// Starts everything `cfg` asks for. On an error, what was started is stopped and what was
 /// bound is removed.
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
+    let limit = raise_fd_limit(fds_needed(cfg))?;
+    debug!("descriptor limit {limit} for at most {} needed", fds_needed(cfg));
     let mut started = Started::default();
     let stop = started.stop.clone();
     let switch = Arc::new(switch(cfg));
@@ -155,15 +159,17 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         refused: Default::default(),
     });
     if let Some(path) = &cfg.control {
-        let t = ControlServer::new(daemon.clone())
+        let (t, claim) = ControlServer::new(daemon.clone())
             .start(path, cfg.socket_access, &stop)
             .map_err(StartError::Control)?;
-        started.owned.push(path.clone());
+        started.owned.push(claim);
         started.servers.push(t);
     }
-    if let Some(addr) = cfg.metrics {
-        let (_, t) = metrics::serve(addr, daemon.clone(), &stop).map_err(StartError::Metrics)?;
+    if let Some(at) = &cfg.metrics {
+        let (_, t, claim) = metrics_server::serve(at, cfg.socket_access, daemon.clone(), &stop)
+            .map_err(StartError::Metrics)?;
         started.servers.push(t);
+        started.owned.extend(claim);
     }
     for (port, listener) in listeners {
         serve_port(port, listener, &stop, &mut started)?;
@@ -194,6 +200,40 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// Descriptors the whole daemon may hold at once: the ports, the tap's queues, the servers
+/// and their clients at their caps, and a margin for the process itself (standard streams,
+/// `/proc` reads, the log).
+fn fds_needed(cfg: &Config) -> u64 {
+    let pairs = u64::from(cfg.queue_pairs);
+    let ports = cfg.guests.len() as u64 * (1 + vhost_user::policy::descriptors(pairs));
+    let tap = if cfg.tap.is_some() { pairs + 2 } else { 0 };
+    let control = cfg
+        .control
+        .as_ref()
+        .map_or(0, |_| 1 + crate::control::server::MAX_CLIENTS as u64);
+    let metrics = cfg
+        .metrics
+        .as_ref()
+        .map_or(0, |_| 1 + metrics_server::MAX_CONNECTIONS as u64);
+    64 + ports + tap + control + metrics + cfg.qmp.len() as u64
+}
+
+/// Raises the soft descriptor limit to the hard one (a process may; the soft default of
+/// 1024 is for select(2), which the daemon never calls) and checks that `needed` fits.
+/// Returns the limit.
+fn raise_fd_limit(needed: u64) -> Result<u64, StartError> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| StartError::RaiseLimit(0, e))?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|e| StartError::RaiseLimit(hard, e))?;
+    }
+    let limit = soft.max(hard);
+    if limit < needed {
+        return Err(StartError::Descriptors { needed, limit });
+    }
+    Ok(limit)
 }
 
 /// Starts the thread that serves guest port `port`'s frontends, on `listener` or, without
@@ -247,9 +287,9 @@ fn open_guest(
     Ok(match &g.endpoint {
         Endpoint::Listen(path) => {
             let p = port(path.clone());
-            let listener = p.bind(cfg.socket_access).map_err(failed)?;
-            started.owned.push(path.clone());
-            (p, Some(listener))
+            let bound = p.bind(cfg.socket_access).map_err(failed)?;
+            started.owned.push(bound.claim);
+            (p, Some(bound.listener))
         }
         Endpoint::Inherited(fd) => {
             let (listener, path) = unix_socket::inherited(*fd).map_err(failed)?;
@@ -311,6 +351,7 @@ fn guest_port(
     GuestPort::new(id, socket, cfg.queue_pairs, net, filter, switch)
         .with_mac_lock(cfg.mac_lock)
         .with_ctrl_poll(cfg.ctrl_poll)
+        .with_handshake(cfg.handshake)
 }
 
 /// The snooper's clock (`--snoop`): audits of each guest's state after its reports go

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 use log::{error, info};
 use sd_notify::NotifyState;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use dpaa_vnic::cli::{Cli, Command, CtlCommand, Generated};
@@ -76,7 +76,7 @@ fn generate(what: &Generated) -> std::io::Result<()> {
     }
 }
 
-/// Serves until SIGINT or SIGTERM, then stops every thread in order (daemon.rs).
+/// Serves until SIGINT, SIGTERM or SIGHUP, then stops every thread in order (daemon.rs).
 fn run(cfg: &Config) -> ExitCode {
     log::debug!("configuration: {cfg:?}");
     // A frontend that truncates its memory file under a mapping must not kill every port.
@@ -84,7 +84,9 @@ fn run(cfg: &Config) -> ExitCode {
         log::warn!("guest memory fault guard not installed (a shrunk memory file will kill the daemon): {e}");
     }
     // Before anything starts: a daemon that cannot be stopped cleanly does not start.
-    let mut signals = match Signals::new([SIGINT, SIGTERM]) {
+    // SIGHUP too (the man page says so): there is nothing to reload, and its default action
+    // would end the process without removing its sockets.
+    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(s) => s,
         Err(e) => {
             error!("installing signal handlers: {e}");

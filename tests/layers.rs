@@ -113,6 +113,7 @@ const ROWS: &[Row] = &[
             "serde",
             "serde_json",
             "httparse",
+            "mio",
             "socket2",
             "libc",
             "nix",

@@ -127,9 +127,12 @@ fn serve_port(
         None => port,
     });
     switch.attach(id, port.clone());
-    let listener = port.bind(Default::default()).unwrap();
+    let bound = port.bind(Default::default()).unwrap();
     let p = port.clone();
-    thread::spawn(move || vhost_user::serve(p, listener, dpaa_vnic::stop::Stop::default()));
+    thread::spawn(move || {
+        let _claim = bound.claim;
+        vhost_user::serve(p, bound.listener, dpaa_vnic::stop::Stop::default())
+    });
     port
 }
 

@@ -195,11 +195,14 @@ macro_rules! stream_client {
 stream_client!(UnixStream, TcpStream);
 
 /// Reads requests that end in a terminator (`\n`, `\r\n\r\n`), one after another; bytes
-/// after a terminator are kept for the next request.
+/// after a terminator are kept for the next request. The idle time runs from the
+/// connection's start or its last request that did something ([`Framed::active`]): a
+/// client cannot hold its slot with requests that ask for nothing.
 pub struct Framed<S> {
     stream: S,
     buf: Vec<u8>,
     limits: Limits,
+    idle_from: Instant,
 }
 
 impl<S: Client> Framed<S> {
@@ -208,15 +211,21 @@ impl<S: Client> Framed<S> {
             stream,
             buf: Vec::new(),
             limits,
+            idle_from: Instant::now(),
         }
+    }
+
+    /// The request just read did something: the idle time starts again.
+    pub fn active(&mut self) {
+        self.idle_from = Instant::now();
     }
 
     /// The next request, terminator included; `None` when the client closed between
     /// requests.
     pub fn next(&mut self, term: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
         let Limits { max, idle, request } = self.limits;
-        let since = Instant::now();
-        let mut first_byte = (!self.buf.is_empty()).then_some(since);
+        let since = self.idle_from;
+        let mut first_byte = (!self.buf.is_empty()).then(Instant::now);
         let mut chunk = [0u8; 4096];
         loop {
             if let Some(end) = find(&self.buf, term).map(|p| p + term.len()) {
@@ -311,10 +320,25 @@ mod tests {
         let t0 = Instant::now();
         assert!(matches!(r.next(b"\n"), Err(ReadError::Idle(_))));
         assert!(t0.elapsed() < Duration::from_secs(2));
+        // The idle time restarts only when the caller says a request did something.
+        r.active();
         c.write_all(b"partial").unwrap();
         assert!(matches!(r.next(b"\n"), Err(ReadError::Slow(_))));
         drop(c);
         assert!(matches!(r.next(b"\n"), Err(ReadError::Truncated)));
+        // Requests that are not marked active do not hold the connection open.
+        let (mut c, s) = UnixStream::pair().unwrap();
+        let mut r = Framed::new(s, limits(64));
+        let t0 = Instant::now();
+        let err = loop {
+            c.write_all(b"\n").unwrap();
+            match r.next(b"\n") {
+                Ok(Some(_)) => thread::sleep(Duration::from_millis(20)),
+                other => break other,
+            }
+        };
+        assert!(matches!(err, Err(ReadError::Idle(_))), "{:?}", err.map(|_| ()));
+        assert!(t0.elapsed() < Duration::from_secs(2));
         let (c, s) = UnixStream::pair().unwrap();
         drop(c);
         assert!(Framed::new(s, limits(64)).next(b"\n").unwrap().is_none());

@@ -1,32 +1,19 @@
-//! `--metrics ADDR:PORT`: the counters of `ctl stats` in Prometheus text format
-//! (exposition format 0.0.4) at `/metrics`, for CI dashboards.
+//! `--metrics`: the counters of `ctl stats` in Prometheus text format (exposition format
+//! 0.0.4) at `/metrics`, for CI dashboards, and the answer to one request head.
 //!
-//! A small HTTP/1.1 server of its own, because the scrape is one fixed page and every byte
-//! a client sends is untrusted: it reads the request line and headers only (at most
-//! [`HEAD_LIMITS`]`.max` bytes, parsed by `httparse`), never a body, answers `GET` and `HEAD`
-//! of `/metrics`, and closes. At most [`MAX_CLIENTS`] are served at once; a client that is
-//! slower than [`HEAD_LIMITS`] is dropped. Refusals are counted and logged once a second.
+//! The scrape is one fixed page and every byte a client sends is untrusted: only the
+//! request line and headers are looked at (at most [`HEAD_LIMITS`]`.max` bytes, parsed by
+//! `httparse`), never a body; `GET` and `HEAD` of `/metrics` are answered, and the
+//! connection closes. metrics_server.rs holds the connections.
 
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use log::{debug, info};
-use thiserror::Error;
-
-use super::bounded::{self, Framed, Limits, ReadError};
+use super::bounded::Limits;
 use super::view::{self, FilterView, StatsView};
 use super::view::{Daemon, PortFilter};
 use crate::device::filter::regs::FilterStats;
 use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
-use crate::stop::{Stop, Stoppable};
-
-/// Scrapes served at once; one more gets 503.
-pub const MAX_CLIENTS: usize = 8;
 
 /// A request head: its size, and how long a client has to send it whole.
 pub const HEAD_LIMITS: Limits = Limits {
@@ -37,18 +24,6 @@ pub const HEAD_LIMITS: Limits = Limits {
 
 /// Headers a request may carry (Prometheus sends about six).
 const MAX_HEADERS: usize = 32;
-
-#[derive(Debug, Error)]
-pub enum MetricsError {
-    #[error("listening on {addr} for --metrics")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: io::Error,
-    },
-    #[error("spawning the metrics thread")]
-    Spawn(#[source] io::Error),
-}
 
 /// The numeric fields of a serialisable counter block, by name.
 fn fields<T: serde::Serialize>(v: &T) -> Vec<(String, u64)> {
@@ -240,59 +215,8 @@ fn filter_gauges(x: &mut Exposition, f: &PortFilter, port: &str) {
     }
 }
 
-/// Serves `/metrics` from a background thread until `stop` is requested; returns the
-/// address bound (`addr` may ask for any port) and the thread.
-pub fn serve(
-    addr: SocketAddr,
-    daemon: Arc<Daemon>,
-    stop: &Stop,
-) -> Result<(SocketAddr, Stoppable), MetricsError> {
-    let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
-    let bound = listener.local_addr().unwrap_or(addr);
-    info!("metrics at http://{bound}/metrics");
-    let stop = stop.clone();
-    let handle = thread::Builder::new()
-        .name("vnic-metrics".into())
-        .spawn(move || accept_loop(listener, daemon, &stop))
-        .map_err(MetricsError::Spawn)?;
-    // Bound to every address: the waker knocks on loopback.
-    let mut knock = bound;
-    if knock.ip().is_unspecified() {
-        knock.set_ip(match bound {
-            SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    let wake = move || {
-        let _ = TcpStream::connect_timeout(&knock, Duration::from_secs(1));
-    };
-    Ok((bound, Stoppable::new("metrics", handle, wake)))
-}
-
-fn accept_loop(listener: TcpListener, daemon: Arc<Daemon>, stop: &Stop) {
-    let d = daemon.clone();
-    bounded::accept_loop(
-        "metrics",
-        "vnic-metrics-conn",
-        listener.incoming(),
-        MAX_CLIENTS,
-        |s: TcpStream| {
-            daemon.refused.metrics.fetch_add(1, Ordering::Relaxed);
-            let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-            finish(s, &status_only(503, "Service Unavailable"));
-        },
-        move |s| {
-            if let Err(e) = serve_client(&d, s) {
-                d.refused.metrics.fetch_add(1, Ordering::Relaxed);
-                debug!("metrics client: {e}");
-            }
-        },
-        stop,
-    );
-}
-
 /// A response with no body but its status line.
-fn status_only(code: u16, reason: &str) -> Vec<u8> {
+pub fn status_only(code: u16, reason: &str) -> Vec<u8> {
     response(
         code,
         reason,
@@ -318,53 +242,8 @@ fn response(code: u16, reason: &str, ctype: &str, body: &[u8], with_body: bool) 
     out
 }
 
-/// Writes the answer and closes. Whatever the client still sends (a body nobody reads) is
-/// drained for a moment, so the close does not turn into a reset that loses the answer.
-fn finish(mut s: TcpStream, answer: &[u8]) {
-    if s.write_all(answer).is_err() {
-        return;
-    }
-    let _ = s.shutdown(Shutdown::Write);
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let until = Instant::now() + Duration::from_millis(200);
-    let mut sink = [0u8; 4096];
-    let mut left = 64 * 1024usize;
-    while left > 0 && Instant::now() < until {
-        match s.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => left = left.saturating_sub(n),
-        }
-    }
-}
-
-fn serve_client(d: &Daemon, s: TcpStream) -> Result<(), ReadError> {
-    s.set_write_timeout(Some(HEAD_LIMITS.request))
-        .map_err(ReadError::Io)?;
-    let mut r = Framed::new(s, HEAD_LIMITS);
-    let head = match r.next(b"\r\n\r\n") {
-        Ok(Some(h)) => h,
-        Ok(None) => return Ok(()),
-        Err(e) => {
-            let answer = match e {
-                ReadError::TooLong(_) => Some(status_only(431, "Request Header Fields Too Large")),
-                ReadError::Slow(_) | ReadError::Idle(_) => Some(status_only(408, "Request Timeout")),
-                _ => None,
-            };
-            if let (Some(a), Ok(s)) = (answer, r.get_ref().try_clone()) {
-                finish(s, &a);
-            }
-            return Err(e);
-        }
-    };
-    let answer = answer_head(d, &head);
-    if let Ok(s) = r.get_ref().try_clone() {
-        finish(s, &answer);
-    }
-    Ok(())
-}
-
-/// The whole answer to one request head.
-fn answer_head(d: &Daemon, head: &[u8]) -> Vec<u8> {
+/// The whole answer to one request head (terminator included).
+pub fn answer_head(d: &Daemon, head: &[u8]) -> Vec<u8> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {

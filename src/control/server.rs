@@ -22,9 +22,9 @@ use super::bounded::{self, Framed, Limits, ReadError};
 use super::view::{self, Daemon};
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::Route;
-use crate::pipeline::rules::{NamesPort, Rules};
+use crate::pipeline::rules::{NamesPort, Rules, MAX_ACTIONS, MAX_ROUTES};
 use crate::stop::{Stop, Stoppable};
-use crate::unix_socket::{self, SocketAccess, SocketError};
+use crate::unix_socket::{self, Bound, Claim, SocketAccess, SocketError};
 
 /// Control clients served at once; one more is told so and closed.
 pub const MAX_CLIENTS: usize = 16;
@@ -64,17 +64,26 @@ impl ControlServer {
 
     /// Binds `path` (replacing a stale socket, never anything else) with `access`, and
     /// serves it from a background thread until `stop` is requested.
-    pub fn start(&self, path: &Path, access: SocketAccess, stop: &Stop) -> Result<Stoppable, ControlError> {
-        let listener = unix_socket::bind(path, access).map_err(ControlError::Bind)?;
+    /// The claim removes the socket when dropped, after the thread is stopped.
+    pub fn start(
+        &self,
+        path: &Path,
+        access: SocketAccess,
+        stop: &Stop,
+    ) -> Result<(Stoppable, Claim), ControlError> {
+        let Bound { listener, claim } = unix_socket::bind(path, access).map_err(ControlError::Bind)?;
         let (daemon, stop) = (self.daemon.clone(), stop.clone());
         let handle = thread::Builder::new()
             .name("vnic-control".into())
             .spawn(move || accept_loop(listener, daemon, &stop))
             .map_err(ControlError::Spawn)?;
         let path = path.to_path_buf();
-        Ok(Stoppable::new("control socket", handle, move || {
-            let _ = UnixStream::connect(&path);
-        }))
+        Ok((
+            Stoppable::new("control socket", handle, move || {
+                let _ = UnixStream::connect(&path);
+            }),
+            claim,
+        ))
     }
 }
 
@@ -110,6 +119,7 @@ fn edit_list<T>(
     d: &Daemon,
     add: bool,
     arg: Option<&str>,
+    max: usize,
     list: impl FnOnce(&mut Rules) -> Result<&mut Vec<T>, String>,
 ) -> Result<(), String>
 where
@@ -127,6 +137,9 @@ where
             }
             if items.contains(&item) {
                 return Err(format!("{item} is already there"));
+            }
+            if items.len() >= max {
+                return Err(format!("{max} is the most there may be"));
             }
             items.push(item);
         } else {
@@ -151,12 +164,12 @@ fn reply<V: serde::Serialize>(
 }
 
 fn edit_actions(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
-    let r = edit_list::<CsumAction>(d, add, arg, |r| Ok(&mut r.actions));
+    let r = edit_list::<CsumAction>(d, add, arg, MAX_ACTIONS, |r| Ok(&mut r.actions));
     reply(r, || view::actions(&d.switch))
 }
 
 fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::Value, serde_json::Error> {
-    let r = edit_list::<Route>(d, add, arg, |r| {
+    let r = edit_list::<Route>(d, add, arg, MAX_ROUTES, |r| {
         if !r.router.enabled() {
             return Err("the router is off: start the daemon with --router-ip".into());
         }
@@ -212,7 +225,12 @@ fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
         match r.next(b"\n") {
             Ok(Some(line)) => {
                 let out = match std::str::from_utf8(&line) {
-                    Ok(text) => answer(d, text.trim()) + "\n",
+                    // A blank line is no request: it does not hold the idle time back.
+                    Ok(text) if text.trim().is_empty() => continue,
+                    Ok(text) => {
+                        r.active();
+                        answer(d, text.trim()) + "\n"
+                    }
                     Err(e) => error_line(&format!("bad request: {e}")),
                 };
                 w.write_all(out.as_bytes())?;

@@ -8,6 +8,15 @@ use arc_swap::ArcSwap;
 use super::csum_action::{CsumAction, Dir};
 use super::router::{NextHop, Route, RouteTable, RouterIf};
 
+/// Checksum actions the daemon holds at most. Each is matched in turn on its port and
+/// direction, and every edit copies the whole set (read-copy-update): a cap keeps both
+/// bounded whatever the command line or `ctl` asks.
+pub const MAX_ACTIONS: usize = 256;
+
+/// Static routes the daemon holds at most (looked up by prefix length, not in turn; each
+/// edit still copies the table).
+pub const MAX_ROUTES: usize = 4096;
+
 /// A rule that names a port (`--csum-action port=N`, `--router-ip N=`, `--route
 /// ...,port=N`). Checked in one place against the ports there are, at start
 /// (config.rs) and for `ctl` edits (control/server.rs).

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests.
 
+pub mod daemon;
 pub mod frontend;
 
 use std::thread;

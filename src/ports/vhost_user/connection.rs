@@ -12,16 +12,18 @@ use std::time::Duration;
 use log::{info, warn};
 use thiserror::Error;
 use vhost::vhost_user::Listener;
-use vhost_user_backend::VhostUserDaemon;
+use vhost_user_backend::{VhostUserBackend, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use super::guest_port::GuestPort;
-use super::relay::{self, Relay, RelayError};
+use super::policy::{self, Offer};
+use super::relay::{Limits, Relay, RelayError};
 use super::session::VnicBackend;
 use super::sigbus;
 use crate::logging::error_chain;
 use crate::stop::Stop;
+use crate::unix_socket::MAX_PATH;
 
 #[derive(Debug, Error)]
 pub enum ConnectionError {
@@ -124,8 +126,11 @@ fn serve_connection(port: &Arc<GuestPort>, frontend: UnixStream) -> Result<(), C
     let backend = VnicBackend::new(port.clone(), mem.clone(), own_end).map_err(ConnectionError::Register)?;
     sigbus::watch(backend.mem_owner());
     let name = format!("vnic-port{}", port.id);
-    let mut daemon =
-        VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(ConnectionError::Daemon)?;
+    let mut daemon = VhostUserDaemon::new(name.clone(), backend.clone(), mem).map_err(|e| {
+        // The worker threads started before the failure hold the session until told.
+        backend.stop_workers();
+        ConnectionError::Daemon(e)
+    })?;
     // Each worker thread gets one "attach" event so the backend learns its vrings before
     // any kick arrives (RX from other ports may come first), and an "again" event to come
     // back to rings it left at its budget.
@@ -142,7 +147,16 @@ fn serve_connection(port: &Arc<GuestPort>, frontend: UnixStream) -> Result<(), C
     daemon.start(&mut listener).map_err(ConnectionError::Daemon)?;
     drop(listener);
     drop(dir);
-    let relay = Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()))
+    let limits = Limits {
+        offer: Offer {
+            features: backend.features(),
+            protocol: backend.protocol_features().bits(),
+            queues: u32::try_from(backend.num_queues()).unwrap_or(u32::MAX),
+            max_ring: u32::try_from(backend.max_queue_size()).unwrap_or(u32::MAX),
+        },
+        handshake: port.handshake,
+    };
+    let relay = Relay::spawn(&name, frontend, handler_side, Arc::new(backend.clone()), limits)
         .map_err(ConnectionError::Relay)?;
     let result = daemon.wait();
     let last = relay.last_request();
@@ -157,7 +171,7 @@ fn serve_connection(port: &Arc<GuestPort>, frontend: UnixStream) -> Result<(), C
             vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
         )) => Ok(()),
         Err(error @ vhost_user_backend::Error::HandleRequest(_)) => Err(ConnectionError::Refused {
-            last: last.map_or_else(|| "none".into(), relay::request_name),
+            last: last.map_or_else(|| "none".into(), policy::request_name),
             error,
         }),
         r => r.map_err(ConnectionError::Daemon),
@@ -165,33 +179,46 @@ fn serve_connection(port: &Arc<GuestPort>, frontend: UnixStream) -> Result<(), C
 }
 
 /// A listener only this process can reach, and the end connected to it: a socket in a
-/// fresh 0700 directory beside the port's own socket (writable, since the port's socket was
-/// bound there). No other user can look into the directory, let alone bind or connect, and
-/// both vanish once the handler has accepted (the caller drops the `TempDir`).
+/// fresh 0700 directory. No other user can look into the directory, let alone bind or
+/// connect, and both vanish once the handler has accepted (the caller drops the `TempDir`).
 /// vhost-user-backend 0.24 only starts from a listener; an abstract-namespace name would
 /// carry no permissions at all.
+///
+/// The directory goes beside the port's socket (writable, since that was bound there), or
+/// where that is not possible or the path would not fit a socket address (an inherited
+/// socket in a directory the daemon may not write, a deep path), in the service's runtime
+/// directory, the user's, or the temp dir.
 fn private_channel(near: &Path) -> io::Result<(Listener, UnixStream, tempfile::TempDir)> {
-    let parent = near
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let builder = || {
-        let mut b = tempfile::Builder::new();
-        b.prefix(".dpaa-vnic-")
-            .permissions(std::fs::Permissions::from_mode(0o700));
-        b
-    };
-    // Beside the socket; failing that (an inherited socket in a directory the daemon may
-    // not write, or no path at all), in the service's runtime directory or the temp dir.
-    let dir = match builder().tempdir_in(parent) {
-        Ok(d) => d,
-        Err(_) => {
-            let runtime = std::env::var_os("RUNTIME_DIRECTORY").map(PathBuf::from);
-            builder().tempdir_in(runtime.unwrap_or_else(std::env::temp_dir))?
+    let beside = near.parent().filter(|p| !p.as_os_str().is_empty());
+    let runtime = ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
+        .into_iter()
+        .filter_map(|v| std::env::var_os(v).map(PathBuf::from));
+    let places = beside
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain(runtime)
+        .chain([std::env::temp_dir()]);
+    let mut last = io::Error::other("no directory for the private channel");
+    for place in places {
+        let dir = match tempfile::Builder::new()
+            .prefix(".dpaa-vnic-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(&place)
+        {
+            Ok(d) => d,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let path = dir.path().join("h");
+        if path.as_os_str().len() > MAX_PATH {
+            last = io::Error::other(format!("{} is too long for a socket address", path.display()));
+            continue;
         }
-    };
-    let path = dir.path().join("h");
-    let listener = UnixListener::bind(&path)?;
-    let ours = UnixStream::connect(&path)?;
-    Ok((Listener::from(listener), ours, dir))
+        let listener = UnixListener::bind(&path)?;
+        let ours = UnixStream::connect(&path)?;
+        return Ok((Listener::from(listener), ours, dir));
+    }
+    Err(last)
 }

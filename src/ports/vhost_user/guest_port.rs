@@ -2,7 +2,7 @@
 //! socket, its device model and filter, its counters), what the attached driver agreed to,
 //! and the switch's way into it ([`Egress`]).
 
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -28,7 +28,7 @@ use crate::pipeline::{Admitted, Egress, OutboxBuffers, Packet, PortFrames, Switc
 use crate::ports::poll::PollGroup;
 use crate::stats::{CtrlStats, QueueSnapshot, Tallies, Tally, TallyHandle};
 use crate::stop::{Current, Stop};
-use crate::unix_socket::{self, SocketAccess, SocketError};
+use crate::unix_socket::{self, Bound, SocketAccess, SocketError};
 use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::VirtioNetHdr;
 
@@ -80,6 +80,8 @@ pub struct GuestPort {
     query_tally: TallyHandle,
     /// How long the control thread keeps polling its ring after a command (`--ctrl-poll-us`).
     pub(super) ctrl_poll: Duration,
+    /// How long a frontend has to claim the port once connected (`--handshake-timeout`).
+    pub(super) handshake: Option<Duration>,
     /// The guest's reported groups (`--snoop`), under a lock of their own: a guest's
     /// reports never hold up `ctl`, `/metrics` or another port; the filter's lock is taken
     /// only to publish a changed list.
@@ -136,6 +138,7 @@ impl GuestPort {
             tallies: switch.tallies().clone(),
             switch: Arc::downgrade(&switch),
             ctrl_poll: Duration::from_millis(1),
+            handshake: None,
             snoop: Mutex::new(snooper),
             snooped_groups: AtomicUsize::new(0),
             mac_lock: MacLock::Auto,
@@ -164,9 +167,15 @@ impl GuestPort {
         self
     }
 
-    /// Binds the socket, replacing a stale socket file but never a live daemon's socket or
-    /// a file that is not a socket.
-    pub fn bind(&self, access: SocketAccess) -> Result<UnixListener, SocketError> {
+    /// `--handshake-timeout`: how long a frontend has, once connected, to claim the port.
+    pub fn with_handshake(mut self, limit: Option<Duration>) -> Self {
+        self.handshake = limit;
+        self
+    }
+
+    /// Binds the socket, replacing a stale socket file of the daemon's user but never a live
+    /// socket, another user's, or a file that is not a socket (unix_socket.rs).
+    pub fn bind(&self, access: SocketAccess) -> Result<Bound, SocketError> {
         unix_socket::bind(&self.socket, access)
     }
 

@@ -39,6 +39,10 @@ pub enum FdError {
     Short { len: usize, regions: usize },
     #[error("{what} is not an eventfd ({found})")]
     NotEventFd { what: &'static str, found: String },
+    /// Each read of a semaphore eventfd takes 1 from its count and leaves it readable: a
+    /// kick with a count of 2^64-2 would wake its worker that many times.
+    #[error("the kick eventfd is in semaphore mode (EFD_SEMAPHORE): each kick must be one read")]
+    Semaphore,
     #[error("making the {what} eventfd non-blocking")]
     NonBlocking {
         what: &'static str,
@@ -109,6 +113,9 @@ pub fn vet_eventfd(file: &File, what: &'static str) -> Result<(), FdError> {
     if found != "anon_inode:[eventfd]" {
         return Err(FdError::NotEventFd { what, found });
     }
+    if what == "kick" && semaphore(file) {
+        return Err(FdError::Semaphore);
+    }
     // O_NONBLOCK belongs to the open file, which the frontend shares: QEMU's own eventfds
     // are non-blocking already (event_notifier_init), so this changes nothing for it.
     // SAFETY: F_GETFL/F_SETFL on a descriptor `file` owns; no memory is passed.
@@ -121,6 +128,18 @@ pub fn vet_eventfd(file: &File, what: &'static str) -> Result<(), FdError> {
         });
     }
     Ok(())
+}
+
+/// Whether the kernel says the eventfd counts as a semaphore. Linux shows the flag in
+/// fdinfo from 6.6 on; an older kernel shows nothing, and the eventfd passes.
+fn semaphore(file: &File) -> bool {
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd()))
+        .map(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("eventfd-semaphore:"))
+                .any(|v| v.trim() == "1")
+        })
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -185,5 +204,21 @@ mod tests {
             vet_eventfd(&not, "call"),
             Err(FdError::NotEventFd { what: "call", .. })
         ));
+    }
+
+    #[test]
+    fn a_semaphore_kick_is_refused_where_the_kernel_tells() {
+        let e = EventFd::new(libc::EFD_SEMAPHORE).unwrap();
+        // SAFETY: a duplicate of the eventfd's descriptor, owned by the File from here on.
+        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(libc::dup(e.as_raw_fd())) };
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
+        if !info.contains("eventfd-semaphore:") {
+            // Linux before 6.6: the flag cannot be seen, and the kick passes.
+            vet_eventfd(&f, "kick").unwrap();
+            return;
+        }
+        assert!(matches!(vet_eventfd(&f, "kick"), Err(FdError::Semaphore)));
+        // A call the daemon only writes to may count as it likes.
+        vet_eventfd(&f, "call").unwrap();
     }
 }

@@ -19,6 +19,7 @@ mod ctrl_queue;
 mod guest_port;
 mod health;
 mod memcheck;
+pub mod policy;
 pub mod relay;
 mod rx;
 pub mod rx_chain;

@@ -23,13 +23,15 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use thiserror::Error;
-use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, VhostUserProtocolFeatures, MAX_MSG_SIZE};
+use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, MAX_MSG_SIZE};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::memcheck::{self, FdError};
+use super::policy::{request_name, Offer, Policy, PolicyError};
 
 const HDR_LEN: usize = 12;
 /// The largest body the vhost crate accepts (a config space or a memory table); anything
@@ -40,16 +42,14 @@ const MAX_BODY: usize = MAX_MSG_SIZE;
 const MAX_FDS: usize = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES;
 
 const REQ_SET_FEATURES: u32 = FrontendReq::SET_FEATURES as u32;
+const REQ_SET_OWNER: u32 = FrontendReq::SET_OWNER as u32;
 const REQ_SET_MEM_TABLE: u32 = FrontendReq::SET_MEM_TABLE as u32;
 const REQ_SET_VRING_BASE: u32 = FrontendReq::SET_VRING_BASE as u32;
 const REQ_SET_VRING_KICK: u32 = FrontendReq::SET_VRING_KICK as u32;
 const REQ_SET_VRING_CALL: u32 = FrontendReq::SET_VRING_CALL as u32;
 const REQ_SET_VRING_ERR: u32 = FrontendReq::SET_VRING_ERR as u32;
-const REQ_SET_PROTOCOL_FEATURES: u32 = FrontendReq::SET_PROTOCOL_FEATURES as u32;
 const REQ_SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 const REQ_ADD_MEM_REG: u32 = FrontendReq::ADD_MEM_REG as u32;
-/// Without it the handler answers no NEED_REPLY.
-const PROTOCOL_F_REPLY_ACK: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
 const FLAG_VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = VhostUserHeaderFlag::REPLY.bits();
 const FLAG_NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
@@ -81,8 +81,9 @@ pub enum RelayError {
     #[error("message body of {0} bytes exceeds {MAX_BODY}")]
     TooBig(usize),
     /// recvmsg's MSG_CTRUNC, which vmm-sys-util 0.15 reports as ENOBUFS (and closes what
-    /// came): a memory table of more regions than vhost-user carries in one message.
-    #[error("a message came with more than {MAX_FDS} descriptors (a memory table of more regions than vhost-user allows)")]
+    /// came): a memory table of more regions than vhost-user carries in one message, or a
+    /// descriptor table with no room left (the kernel truncates then too).
+    #[error("a message's descriptors were cut short: more than {MAX_FDS} came (a memory table of more regions than vhost-user allows), or this process has no room for them")]
     TooManyFds(#[source] vmm_sys_util::errno::Error),
     #[error("{} refused", request_name(*request))]
     Refused {
@@ -92,6 +93,14 @@ pub enum RelayError {
     },
     #[error("spawning relay thread")]
     Spawn(#[source] io::Error),
+    #[error("{} refused", request_name(*request))]
+    Policy {
+        request: u32,
+        #[source]
+        source: PolicyError,
+    },
+    #[error("the frontend did not claim the device (SET_OWNER) within {0:?} of connecting")]
+    Handshake(Duration),
 }
 
 struct Msg {
@@ -233,12 +242,12 @@ fn ack(request: u32, status: u64) -> Msg {
     }
 }
 
-/// A request's name as vhost-user spells it (`SET_MEM_TABLE`), or its number.
-pub fn request_name(code: u32) -> String {
-    match FrontendReq::try_from(code) {
-        Ok(r) => format!("{r:?}"),
-        Err(_) => format!("request {code}"),
-    }
+/// What one connection is held to: the port's offer (policy.rs) and how long the frontend
+/// has to claim the device after it connects (`None`: no limit).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub offer: Offer,
+    pub handshake: Option<Duration>,
 }
 
 /// The running relay of one connection.
@@ -257,6 +266,7 @@ impl Relay {
         frontend: UnixStream,
         backend: UnixStream,
         watch: Arc<dyn RelayWatch>,
+        limits: Limits,
     ) -> Result<Relay, RelayError> {
         let awaiting: Awaiting = Arc::default();
         let last: Arc<AtomicU32> = Arc::default();
@@ -276,7 +286,20 @@ impl Relay {
         let down = thread::Builder::new()
             .name(format!("{name}-relay-fe"))
             .spawn(move || {
-                if let Err(e) = frontend_to_backend(&fe_r, &be_w, &fe_writer, &awaiting, &last2, &*watch) {
+                let mut down = Down {
+                    fe: &fe_r,
+                    be: &be_w,
+                    fe_writer: &fe_writer,
+                    awaiting: &awaiting,
+                    last: &last2,
+                    watch: &*watch,
+                    policy: Policy::new(limits.offer),
+                    features_set: false,
+                    held: (0..limits.offer.queues).map(|_| None).collect(),
+                    handshake: limits.handshake.map(|d| (Instant::now() + d, d)),
+                    refusals: 0,
+                };
+                if let Err(e) = down.run() {
                     debug!("{label}: frontend relay ended: {e}");
                 }
                 let _ = fe_r.shutdown(Shutdown::Both);
@@ -332,73 +355,150 @@ impl Relay {
     }
 }
 
-fn frontend_to_backend(
-    fe: &UnixStream,
-    be: &UnixStream,
-    fe_writer: &Mutex<UnixStream>,
-    awaiting: &AtomicU64,
-    last: &AtomicU32,
-    watch: &dyn RelayWatch,
-) -> Result<(), RelayError> {
-    let mut features_set = false;
-    let mut reply_ack = false;
-    let mut held: Vec<Msg> = Vec::new();
-    loop {
-        let mut m = match recv_msg(fe) {
-            Ok(Some(m)) => m,
-            Ok(None) => return Ok(()),
-            Err(e) => {
-                if matches!(e, RelayError::TooBig(_) | RelayError::TooManyFds(_)) {
-                    watch.refused(&e);
+/// Refusals a connection may earn before it is ended, even for requests that could be
+/// answered with a failure: a frontend that goes on asking for what it was refused is
+/// broken or hostile, and each answer costs the daemon a message.
+const MAX_REFUSALS: u32 = 16;
+
+/// The frontend-to-handler direction of one connection: what it has negotiated, the
+/// enables it holds back, and where it stands against its limits.
+struct Down<'a> {
+    fe: &'a UnixStream,
+    be: &'a UnixStream,
+    fe_writer: &'a Mutex<UnixStream>,
+    awaiting: &'a AtomicU64,
+    last: &'a AtomicU32,
+    watch: &'a dyn RelayWatch,
+    policy: Policy,
+    features_set: bool,
+    /// SET_VRING_ENABLE received before SET_FEATURES, the last one per queue.
+    held: Vec<Option<Msg>>,
+    /// Still within the handshake: the frontend has until the deadline (and how long it
+    /// was given) to claim the device (SET_OWNER), which QEMU and DPDK do right after they
+    /// connect. Messages before it do not extend it.
+    handshake: Option<(Instant, Duration)>,
+    refusals: u32,
+}
+
+impl Down<'_> {
+    fn run(&mut self) -> Result<(), RelayError> {
+        loop {
+            if let Some((deadline, given)) = self.handshake {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let e = RelayError::Handshake(given);
+                    self.watch.refused(&e);
+                    return Err(e);
                 }
-                return Err(e);
+                self.fe.set_read_timeout(Some(left)).map_err(RelayError::Io)?;
             }
-        };
-        let req = m.request();
-        if !features_set && req == REQ_SET_VRING_ENABLE {
-            if m.flags() & FLAG_NEED_REPLY != 0 {
-                let w = crate::sync::lock(fe_writer);
-                send_msg(&w, &ack(req, 0))?;
-                m.set_flags(m.flags() & !FLAG_NEED_REPLY);
-            }
-            debug!("holding SET_VRING_ENABLE until SET_FEATURES");
-            held.push(m);
-            continue;
+            let m = match recv_msg(self.fe) {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    let e = self.timed_out(e);
+                    if matches!(
+                        e,
+                        RelayError::TooBig(_) | RelayError::TooManyFds(_) | RelayError::Handshake(_)
+                    ) {
+                        self.watch.refused(&e);
+                    }
+                    return Err(e);
+                }
+            };
+            self.one(m)?;
         }
-        if req == REQ_SET_PROTOCOL_FEATURES {
-            reply_ack = m.body_u64().is_some_and(|f| f & PROTOCOL_F_REPLY_ACK != 0);
+    }
+
+    /// A read that timed out within the handshake is the handshake's end.
+    fn timed_out(&self, e: RelayError) -> RelayError {
+        match (&e, self.handshake) {
+            (RelayError::Sys(errno), Some((_, given))) if errno.errno() == libc::EAGAIN => {
+                RelayError::Handshake(given)
+            }
+            // Within a message: the header came, the rest did not.
+            (RelayError::Io(io), Some((_, given))) if io.kind() == io::ErrorKind::WouldBlock => {
+                RelayError::Handshake(given)
+            }
+            _ => e,
+        }
+    }
+
+    /// Passes one message on, holds it, or refuses it.
+    fn one(&mut self, mut m: Msg) -> Result<(), RelayError> {
+        let req = m.request();
+        if let Err(e) = self
+            .policy
+            .check(req, &m.body)
+            .map_err(|source| RelayError::Policy { request: req, source })
+        {
+            return self.refuse(&m, e);
         }
         if let Err(e) = m.vet() {
-            watch.refused(&e);
-            if !(reply_ack && m.flags() & FLAG_NEED_REPLY != 0) {
-                return Err(e);
-            }
-            // The frontend waits for an answer: it gets a failure, and the handler never
-            // sees the message (its descriptors are closed here).
-            let w = crate::sync::lock(fe_writer);
-            send_msg(&w, &ack(req, 1))?;
-            continue;
+            return self.refuse(&m, e);
+        }
+        if req == REQ_SET_OWNER && self.handshake.take().is_some() {
+            self.fe.set_read_timeout(None).map_err(RelayError::Io)?;
+        }
+        if !self.features_set && req == REQ_SET_VRING_ENABLE {
+            return self.hold(m);
         }
         if let Some(i) = m.ring_programmed() {
-            watch.ring_reset(i);
+            self.watch.ring_reset(i);
         }
         // Only an enable the frontend waits on marks a moment the guest is stopped; a held
-        // one (above) is acked by the relay itself and tells nothing. Without REPLY_ACK the
-        // handler would never answer, and the control thread would wait for nothing.
-        if reply_ack && m.flags() & FLAG_NEED_REPLY != 0 {
+        // one is acked by the relay itself and tells nothing. Without REPLY_ACK the handler
+        // would never answer, and the control thread would wait for nothing.
+        if self.policy.reply_ack() && m.flags() & FLAG_NEED_REPLY != 0 {
             if let Some(i) = m.enabled_ring() {
-                watch.enabling(i);
-                awaiting.store(u64::from(i) + 1, Ordering::Release);
+                self.watch.enabling(i);
+                self.awaiting.store(u64::from(i) + 1, Ordering::Release);
             }
         }
-        last.store(req.saturating_add(1), Ordering::Relaxed);
-        send_msg(be, &m)?;
-        if req == REQ_SET_FEATURES && !features_set {
-            features_set = true;
-            for h in held.drain(..) {
-                send_msg(be, &h)?;
+        self.last.store(req.saturating_add(1), Ordering::Relaxed);
+        send_msg(self.be, &m)?;
+        if req == REQ_SET_FEATURES && !self.features_set {
+            self.features_set = true;
+            for h in self.held.iter_mut().filter_map(Option::take) {
+                send_msg(self.be, &h)?;
             }
         }
+        m.fds.clear();
+        Ok(())
+    }
+
+    /// An enable before SET_FEATURES: acked here if the frontend waits, and kept until
+    /// SET_FEATURES, the last one per queue (the policy checked the index).
+    fn hold(&mut self, mut m: Msg) -> Result<(), RelayError> {
+        if m.flags() & FLAG_NEED_REPLY != 0 {
+            let w = crate::sync::lock(self.fe_writer);
+            send_msg(&w, &ack(m.request(), 0))?;
+            m.set_flags(m.flags() & !FLAG_NEED_REPLY);
+        }
+        debug!("holding SET_VRING_ENABLE until SET_FEATURES");
+        if let Some(slot) = le::<4>(&m.body, 0)
+            .map(u32::from_le_bytes)
+            .and_then(|i| self.held.get_mut(i as usize))
+        {
+            *slot = Some(m);
+        }
+        Ok(())
+    }
+
+    /// Counts and logs a refused message; answers it with a failure if the frontend waits
+    /// for an answer (and may be given one), else ends the connection. The handler never
+    /// sees it, and its descriptors are closed here.
+    fn refuse(&mut self, m: &Msg, e: RelayError) -> Result<(), RelayError> {
+        self.watch.refused(&e);
+        self.refusals += 1;
+        let answerable = self
+            .policy
+            .may_fail_ack(m.request(), m.flags() & FLAG_NEED_REPLY != 0);
+        if !answerable || self.refusals > MAX_REFUSALS {
+            return Err(e);
+        }
+        let w = crate::sync::lock(self.fe_writer);
+        send_msg(&w, &ack(m.request(), 1))
     }
 }
 
@@ -411,10 +511,18 @@ pub fn read_all(input: &[u8]) -> Result<usize, RelayError> {
     // Inputs are small (the fuzzer's at most 4 KiB fit a socket buffer): no writer thread.
     tx.write_all(input).map_err(RelayError::Io)?;
     drop(tx);
+    let mut policy = Policy::new(Offer {
+        features: !0,
+        protocol: super::policy::PROTOCOL.bits(),
+        queues: 3,
+        max_ring: 1024,
+    });
     let mut n = 0;
     while let Some(m) = recv_msg(&rx)? {
         assert!(m.body.len() <= MAX_BODY);
         let _ = (m.flags(), m.ring_programmed(), m.enabled_ring());
+        let _ = policy.check(m.request(), &m.body);
+        let _ = policy.may_fail_ack(m.request(), true);
         m.vet()?;
         n += 1;
     }
@@ -424,6 +532,24 @@ pub fn read_all(input: &[u8]) -> Result<usize, RelayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vhost::vhost_user::message::VhostUserProtocolFeatures;
+
+    const REQ_SET_PROTOCOL_FEATURES: u32 = FrontendReq::SET_PROTOCOL_FEATURES as u32;
+    /// Without it the handler answers no NEED_REPLY.
+    const PROTOCOL_F_REPLY_ACK: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
+
+    /// A port's offer with every virtio feature, MQ, REPLY_ACK and CONFIG, eight queues.
+    fn limits() -> Limits {
+        Limits {
+            offer: Offer {
+                features: !0,
+                protocol: crate::ports::vhost_user::policy::PROTOCOL.bits(),
+                queues: 8,
+                max_ring: 1024,
+            },
+            handshake: None,
+        }
+    }
 
     fn msg(req: u32, flags: u32, body: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
@@ -477,7 +603,7 @@ mod tests {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, mut handler) = UnixStream::pair().unwrap();
         let log = Arc::new(Log::default());
-        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        let relay = Relay::spawn("t", fe, be, log.clone(), limits()).unwrap();
         qemu.write_all(&msg(REQ_SET_FEATURES, 1, &[0; 8])).unwrap();
         assert_eq!(read_msg(&mut handler).0, REQ_SET_FEATURES);
         // Before REPLY_ACK is negotiated the handler answers nothing: no wait to report.
@@ -509,11 +635,18 @@ mod tests {
         assert_eq!(read_msg(&mut qemu).0, REQ_SET_VRING_ENABLE);
         // ... and again before the frontend had the answer.
         assert_eq!(log.seen(), [("enabling", 2), ("enabled", 2)]);
-        // A short body is passed on, not reported.
+        // A short body is refused with a failure: the handler never sees it.
         qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &[1, 0]))
             .unwrap();
-        assert_eq!(read_msg(&mut handler).2, [1, 0]);
-        assert_eq!(log.seen().len(), 2);
+        assert_eq!(
+            read_msg(&mut qemu),
+            (
+                REQ_SET_VRING_ENABLE,
+                FLAG_VERSION | FLAG_REPLY,
+                1u64.to_le_bytes().to_vec()
+            )
+        );
+        assert_eq!(log.seen()[2..], [("refused", 0)]);
         relay.stop();
     }
 
@@ -521,7 +654,7 @@ mod tests {
     fn early_vring_enable_is_held_until_set_features() {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, mut handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default()), limits()).unwrap();
         let enable = [0u8, 0, 0, 0, 1, 0, 0, 0];
         qemu.write_all(&msg(1, 1, &[])).unwrap(); // GET_FEATURES
         qemu.write_all(&msg(REQ_SET_VRING_ENABLE, 1 | FLAG_NEED_REPLY, &enable))
@@ -551,7 +684,7 @@ mod tests {
     fn file_descriptors_pass_through() {
         let (qemu, fe) = UnixStream::pair().unwrap();
         let (be, handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default()), limits()).unwrap();
         let f = tempfile::tempfile().unwrap();
         f.set_len(0x1000).unwrap();
         let m = msg(REQ_SET_MEM_TABLE, 1, &mem_table(0x1000));
@@ -574,7 +707,7 @@ mod tests {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, mut handler) = UnixStream::pair().unwrap();
         let log = Arc::new(Log::default());
-        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        let relay = Relay::spawn("t", fe, be, log.clone(), limits()).unwrap();
         let reply_ack = PROTOCOL_F_REPLY_ACK.to_le_bytes();
         qemu.write_all(&msg(REQ_SET_PROTOCOL_FEATURES, 1, &reply_ack))
             .unwrap();
@@ -611,7 +744,7 @@ mod tests {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, mut handler) = UnixStream::pair().unwrap();
         let log = Arc::new(Log::default());
-        let relay = Relay::spawn("t", fe, be, log.clone()).unwrap();
+        let relay = Relay::spawn("t", fe, be, log.clone(), limits()).unwrap();
         qemu.write_all(&msg(REQ_SET_VRING_BASE, 1, &state(3, 0))).unwrap();
         assert_eq!(read_msg(&mut handler).0, REQ_SET_VRING_BASE);
         assert_eq!(log.seen(), [("reset", 3)]);
@@ -627,7 +760,7 @@ mod tests {
     fn oversized_message_ends_the_relay() {
         let (mut qemu, fe) = UnixStream::pair().unwrap();
         let (be, handler) = UnixStream::pair().unwrap();
-        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default())).unwrap();
+        let relay = Relay::spawn("t", fe, be, Arc::new(Log::default()), limits()).unwrap();
         let mut m = msg(5, 1, &[]);
         m[8..12].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         qemu.write_all(&m).unwrap();

@@ -19,6 +19,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::budget::{Burst, Mode};
 use super::ctrl_queue::{fresh_start, CtrlGate, CtrlQueue, CtrlWorker};
 use super::guest_port::GuestPort;
+use super::policy;
 use super::relay::{RelayError, RelayWatch};
 use super::rx::queue_usable;
 use super::sigbus::MemOwner;
@@ -66,6 +67,12 @@ struct Session {
     /// each with `into_raw_fd` and never closes it (event_loop.rs, `VringEpollHandler::new`),
     /// so the session closes them when it ends, after every worker has been joined.
     exit_fds: Mutex<Vec<RawFd>>,
+    /// Each worker thread's exit event, made with the session so that running out of
+    /// descriptors fails the connection here: a worker the handler starts without one
+    /// could never be stopped, and joining it would hang the port.
+    exits: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
+    /// A second writing end of each exit event, for [`VnicBackend::stop_workers`].
+    exit_notifiers: Vec<EventNotifier>,
     /// The frontend's socket, shut down to end the connection from here.
     frontend: UnixStream,
 }
@@ -106,6 +113,14 @@ impl VnicBackend {
                 .collect::<io::Result<Vec<_>>>()
         };
         let (attach, again) = (events()?, events()?);
+        let mut exits = Vec::with_capacity(threads);
+        let mut exit_notifiers = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let (consumer, notifier) =
+                new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
+            exit_notifiers.push(notifier.try_clone()?);
+            exits.push(Some((consumer, notifier)));
+        }
         let workers = (0..threads)
             .map(|_| {
                 Mutex::new(Worker {
@@ -129,6 +144,8 @@ impl VnicBackend {
             workers,
             broken: Arc::default(),
             exit_fds: Mutex::new(Vec::new()),
+            exits: Mutex::new(exits),
+            exit_notifiers,
             frontend,
         })))
     }
@@ -154,6 +171,18 @@ impl VnicBackend {
     /// Listener ids above num_queues are ours (vhost-user-backend reserves 0..=num_queues).
     pub fn attach_event_id(&self) -> u64 {
         self.num_queues() as u64 + 1
+    }
+
+    /// Tells every worker thread the handler started to end. For when the handler failed
+    /// before it could own them: vhost-user-backend 0.24 (`VhostUserHandler::new`) drops
+    /// the threads it already started when a later one fails, and only an exit event
+    /// reaches them.
+    pub fn stop_workers(&self) {
+        for n in &self.0.exit_notifiers {
+            if let Err(e) = n.notify() {
+                warn!("port {}: stopping a worker: {e}", self.0.port.id);
+            }
+        }
     }
 
     pub fn trigger_attach(&self, thread: usize) -> io::Result<()> {
@@ -370,9 +399,7 @@ impl VhostUserBackend for VnicBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIG
+        policy::PROTOCOL
     }
 
     fn reset_device(&self) {
@@ -404,13 +431,11 @@ impl VhostUserBackend for VnicBackend {
         v
     }
 
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
-            .inspect_err(|e| warn!("port {}: exit event: {e}", self.0.port.id))
-            .ok()?;
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let pair = crate::sync::lock(&self.0.exits).get_mut(thread_index)?.take()?;
         // Closed by the session once the workers are gone (see `Session::exit_fds`).
-        crate::sync::lock(&self.0.exit_fds).push(consumer.as_raw_fd());
-        Some((consumer, notifier))
+        crate::sync::lock(&self.0.exit_fds).push(pair.0.as_raw_fd());
+        Some(pair)
     }
 
     fn handle_event(
