@@ -101,7 +101,7 @@ fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>, stop: &Stop) {
             let _ = s.write_all(error_line(&why).as_bytes());
         },
         move |s| {
-            if let Err(e) = serve_client(&d, s) {
+            if let Err(e) = serve_client(&d, s, LINE_LIMITS) {
                 debug!("control client: {e}");
             }
         },
@@ -217,10 +217,10 @@ fn error_line(msg: &str) -> String {
     out
 }
 
-fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
+fn serve_client(d: &Daemon, s: UnixStream, limits: Limits) -> io::Result<()> {
     let mut w = s.try_clone()?;
-    w.set_write_timeout(Some(LINE_LIMITS.request))?;
-    let mut r = Framed::new(s, LINE_LIMITS);
+    w.set_write_timeout(Some(limits.request))?;
+    let mut r = Framed::new(s, limits);
     loop {
         match r.next(b"\n") {
             Ok(Some(line)) => {
@@ -244,5 +244,61 @@ fn serve_client(d: &Daemon, s: UnixStream) -> io::Result<()> {
                 return Err(io::Error::other(e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Switch;
+    use std::io::{BufRead, BufReader};
+    use std::time::Instant;
+
+    fn daemon() -> Daemon {
+        Daemon {
+            ports: Vec::new(),
+            switch: Arc::new(Switch::new(0)),
+            refused: Default::default(),
+        }
+    }
+
+    /// Issue 34 (8): a client that sends only blank lines is let go at the idle limit, one
+    /// that asks for something is not.
+    #[test]
+    fn blank_lines_do_not_hold_a_client_past_its_idle_limit() {
+        let limits = Limits {
+            max: 1024,
+            idle: Duration::from_millis(300),
+            request: Duration::from_millis(300),
+        };
+        let d = Arc::new(daemon());
+        let serve = |d: &Arc<Daemon>| {
+            let (c, s) = UnixStream::pair().unwrap();
+            let d = d.clone();
+            (c, thread::spawn(move || serve_client(&d, s, limits)))
+        };
+        let (mut blank, served) = serve(&d);
+        let t0 = Instant::now();
+        while !served.is_finished() && t0.elapsed() < Duration::from_secs(3) {
+            let _ = blank.write_all(b"\n \r\n");
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            served.is_finished(),
+            "a client sending blank lines was kept for 3 s"
+        );
+        assert!(served.join().unwrap().is_ok());
+        let (mut asking, served) = serve(&d);
+        let mut answers = BufReader::new(asking.try_clone().unwrap());
+        for _ in 0..20 {
+            asking.write_all(b"{\"cmd\":\"stats\"}\n").unwrap();
+            let mut line = String::new();
+            answers.read_line(&mut line).unwrap();
+            assert!(line.contains("\"version\""), "{line}");
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!served.is_finished(), "a client asking every 50 ms was let go");
+        drop(asking);
+        assert!(served.join().unwrap().is_ok());
     }
 }
