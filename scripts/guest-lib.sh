@@ -330,6 +330,15 @@ expect_ge() {
     log "ok: $1 = $2 (>= $3)"
 }
 
+# expect_le WHAT GOT MAX: for decimals (seconds).
+expect_le() {
+    if ! awk -v g="$2" -v m="$3" 'BEGIN { exit !(g ~ /^[0-9.]+$/ && g + 0 <= m + 0) }'; then
+        log "FAIL: $1: got '$2', want <= $3"
+        return 1
+    fi
+    log "ok: $1 = $2 (<= $3)"
+}
+
 # compare_counters GUEST DAEMON PORT: the daemon's view of a guest port equals the guest's own.
 compare_counters() {
     local g=$1 d=$2 port=$3

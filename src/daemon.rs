@@ -19,6 +19,7 @@ use crate::control::metrics_server::{self, MetricsError};
 use crate::control::server::ControlError;
 use crate::control::view::PortRef;
 use crate::control::{qmp, ControlServer, Daemon};
+use crate::device::snoop;
 use crate::device::NetConfig;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::rules::Rules;
@@ -375,14 +376,14 @@ fn spawn_snoop_clock(
             let mut next_query = Instant::now();
             // Sees a stop within one tick.
             while !stop.requested() {
-                thread::sleep(Duration::from_millis(250));
+                thread::sleep(snoop::TICK);
                 let now = Instant::now();
                 for g in &guests {
                     g.snoop_tick(now);
                 }
                 if let Some(every) = every.filter(|_| now >= next_query) {
                     for g in &guests {
-                        g.send_queries(every / 2);
+                        g.refresh(every / 2, now);
                     }
                     next_query = now + every;
                 }

@@ -197,6 +197,8 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         .args(["--socket", sock.to_str().unwrap()])
         .args(["--control", ctlp.to_str().unwrap(), "--metrics", &metrics])
         .args(["--csum-action", "port=0,dir=egress,update=iph+udp"])
+        // The snooper's families too, for the documentation and promtool checks below.
+        .arg("--snoop")
         .args([
             "--router-ip",
             "0=10.1.0.1/24",
@@ -281,6 +283,8 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         "# HELP dpaa_vnic_rx_packets_total ".to_string(),
         format!("dpaa_vnic_connected{{{port0}}} 0"),
         "dpaa_vnic_build_info{".to_string(),
+        format!("dpaa_vnic_snoop_records_total{{{port0},protocol=\"mld\",record=\"to_in\"}} 0"),
+        format!("dpaa_vnic_snoop_audits_total{{{port0}}} 0"),
     ] {
         assert!(body.contains(&want), "{want} missing from {body}");
     }

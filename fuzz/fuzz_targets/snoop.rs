@@ -25,8 +25,14 @@ fuzz_target!(|data: &[u8]| {
         if ctl & 0x40 != 0 && s.audit_due(now) {
             s.audit_sent(now, ctl & 1 != 0, ctl & 2 != 0);
         }
-        if let Some(records) = mcast_report::parse(frame) {
-            s.apply(&records, now);
+        if let Some(report) = mcast_report::parse(frame) {
+            let before = s.counters();
+            s.apply_report(&report, now);
+            let after = s.counters();
+            let p = usize::from(report.protocol == mcast_report::Protocol::Mld);
+            assert_eq!(after.reports[p], before.reports[p] + 1);
+            let counted: u64 = after.records[p].iter().sum::<u64>() - before.records[p].iter().sum::<u64>();
+            assert_eq!(counted, report.records.len() as u64);
         }
         s.tick(now);
         assert!(s.groups() <= MAX);

@@ -50,8 +50,8 @@ fuzz_target!(|data: &[u8]| {
     if mcast_report::maybe_report(data) {
         let _ = mcast_report::is_report(data);
     }
-    if let Some(records) = mcast_report::parse(data) {
-        for r in &records {
+    if let Some(report) = mcast_report::parse(data) {
+        for r in &report.records {
             assert!(r.group.is_multicast(), "report for a non-group {}", r.group);
         }
     }

@@ -16,9 +16,14 @@
  *   VNIC-CHECKPOINT k ops=N ok=N failed=N enobufs=N ms=T churn_ms=C
  * (T since the start, C of it with the threads running, checkpoints left out)
  * then the interface's state (dev_mcast lines as "VNIC-MC k MAC", and the /proc/net/igmp,
- * igmp6, mcfilter and mcfilter6 lines for it as "VNIC-STATE k ..."), then "VNIC-WAIT k", and
- * waits for a datagram on UDP PORT (up to 600 s) before the threads go on. After the last
- * operations every socket is closed and a final checkpoint follows (k = CHECKPOINTS + 1),
+ * igmp6, mcfilter and mcfilter6 lines for it as "VNIC-STATE k ..."), then the pool groups
+ * the host's interface wants as "VNIC-INTEREST k GROUP": those some socket has joined in
+ * EXCLUDE mode or with a non-empty INCLUDE list, read back from the sockets themselves
+ * (getsourcefilter) and merged as RFC 3376 3.2 says an interface's state is. Then
+ * "VNIC-WAIT k since_ms=D" (D: milliseconds since the last change, the threads' last
+ * operation), and it waits for a datagram on UDP PORT (up to 600 s) before the threads go
+ * on. After the last operations, with every socket still open, checkpoint CHECKPOINTS + 1
+ * ("held"); then every socket is closed and checkpoint CHECKPOINTS + 2 ("closed") follows,
  * then "VNIC-CHURN-DONE ops=N".
  * With "versions", one more thread switches the interface's force_igmp_version between 2
  * and 3 and force_mld_version between 1 and 2 while the others churn, and puts both back
@@ -50,6 +55,8 @@ static long ops_per_thread, per_checkpoint;
 static int checkpoints, port;
 static pthread_barrier_t stop, go;
 static volatile int churning;
+/* When the threads last changed a membership (now_ms), for VNIC-WAIT's since_ms. */
+static double last_change;
 
 struct tally {
     long ops, ok, failed, enobufs;
@@ -242,9 +249,12 @@ static void *run(void *arg) {
         pthread_barrier_wait(&go);
     }
     for (long i = (long)checkpoints * per_checkpoint; i < ops_per_thread; i++) op(w);
+    pthread_barrier_wait(&stop);
+    pthread_barrier_wait(&go);
     for (int k = 0; k < SOCKS; k++) {
         close(w->s4[k]);
         close(w->s6[k]);
+        w->s4[k] = w->s6[k] = -1;
     }
     pthread_barrier_wait(&stop);
     return NULL;
@@ -264,6 +274,37 @@ static void dump(int k, const char *file) {
         if (igmp ? ours : named) printf("VNIC-STATE %d %s %s\n", k, strrchr(file, '/') + 1, line);
     }
     fclose(f);
+}
+
+/* Whether socket s holds group g with an interest: EXCLUDE mode, or INCLUDE with sources. */
+static int wants(int s, struct sockaddr_storage *g, int v6) {
+    uint32_t mode, n = SOURCES * 4;
+    struct sockaddr_storage list[SOURCES * 4];
+    socklen_t len = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (getsourcefilter(s, ifindex, (struct sockaddr *)g, len, &mode, &n, list) != 0) return 0;
+    return mode == MCAST_EXCLUDE || n > 0;
+}
+
+/* The pool groups the interface wants, from every socket's own filter. */
+static void interest(int k, struct worker *ws, int n) {
+    char text[INET6_ADDRSTRLEN];
+    for (int v6 = 0; v6 < 2; v6++) {
+        for (int i = 0; i < pool; i++) {
+            struct sockaddr_storage g;
+            if (v6)
+                group6(i, &g);
+            else
+                group4(i, &g);
+            int wanted = 0;
+            for (int t = 0; t < n && !wanted; t++)
+                for (int j = 0; j < SOCKS && !wanted; j++) wanted = wants(v6 ? ws[t].s6[j] : ws[t].s4[j], &g, v6);
+            if (!wanted) continue;
+            const void *a = v6 ? (const void *)&((struct sockaddr_in6 *)&g)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)&g)->sin_addr;
+            inet_ntop(v6 ? AF_INET6 : AF_INET, a, text, sizeof(text));
+            printf("VNIC-INTEREST %d %s\n", k, text);
+        }
+    }
 }
 
 static double churn_ms;
@@ -291,7 +332,8 @@ static void checkpoint(int k, struct worker *ws, int n, double t0) {
     dump(k, "/proc/net/mcfilter");
     dump(k, "/proc/net/igmp6");
     dump(k, "/proc/net/mcfilter6");
-    printf("VNIC-WAIT %d\n", k);
+    interest(k, ws, n);
+    printf("VNIC-WAIT %d since_ms=%.0f\n", k, now_ms() - last_change);
     fflush(stdout);
 }
 
@@ -381,7 +423,7 @@ int main(int argc, char **argv) {
         pthread_create(&vt, NULL, versions, NULL);
     }
     for (int i = 0; i < threads; i++) pthread_create(&tid[i], NULL, run, &ws[i]);
-    for (int c = 1; c <= checkpoints; c++) {
+    for (int c = 1; c <= checkpoints + 1; c++) {
         pthread_barrier_wait(&stop);
         churn_ms += now_ms() - went;
         churning = 0;
@@ -389,24 +431,22 @@ int main(int argc, char **argv) {
             usleep(50000); /* the switcher's last write is done */
             versions_auto();
         }
+        last_change = now_ms();
         checkpoint(c, ws, threads, t0);
         if (wait_host(cs) < 0) {
             fprintf(stderr, "vnic-churn: no word from the host at checkpoint %d\n", c);
             return 1;
         }
         went = now_ms();
-        churning = 1;
+        /* After the held checkpoint the threads only close their sockets. */
+        churning = c <= checkpoints;
         pthread_barrier_wait(&go);
     }
     pthread_barrier_wait(&stop);
-    churn_ms += now_ms() - went;
-    churning = 0;
-    if (switch_versions) {
-        usleep(50000);
-        versions_auto();
-    }
+    last_change = now_ms();
     for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
-    checkpoint(checkpoints + 1, ws, threads, t0);
+    /* Every socket closed (-1): no group is wanted. */
+    checkpoint(checkpoints + 2, ws, threads, t0);
     if (wait_host(cs) < 0) return 1;
     long total = 0;
     for (int i = 0; i < threads; i++) total += ws[i].t.ops;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::bounded::Limits;
 use super::view::{self, FilterView, StatsView};
-use super::view::{Daemon, PortFilter};
+use super::view::{Daemon, PortFilter, SnoopView};
 use crate::device::filter::regs::FilterStats;
 use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 
@@ -156,6 +156,9 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         x.counters(&p.ctrl, CtrlSnapshot::HELP, &port);
         x.counters(&p.conn, ConnSnapshot::HELP, &port);
         x.counters(&p.filter, FilterStats::HELP, &port);
+        if let Some(s) = &p.snoop {
+            snoop_counters(&mut x, s, &port);
+        }
     }
     for f in &filter.ports {
         if let Some(port) = port_labels(f.id) {
@@ -171,6 +174,65 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         );
     }
     x.text()
+}
+
+/// The snooper's counters of one port (`--snoop`).
+fn snoop_counters(x: &mut Exposition, s: &SnoopView, port: &str) {
+    for (protocol, reports, records) in [
+        ("igmp", s.reports.igmp, &s.records.igmp),
+        ("mld", s.reports.mld, &s.records.mld),
+    ] {
+        let labels = format!("{port},protocol=\"{protocol}\"");
+        x.counter(
+            "snoop_reports",
+            "--snoop: membership reports the guest sent that the snooper parsed.",
+            &labels,
+            reports,
+        );
+        for (record, n) in records {
+            x.counter(
+                "snoop_records",
+                "--snoop: group records applied, by kind (is_in, is_ex, to_in, to_ex, allow, block; \
+                 join and leave for IGMPv1/v2 and MLDv1 messages).",
+                &format!("{labels},record=\"{record}\""),
+                *n,
+            );
+        }
+    }
+    for (name, help, v) in [
+        (
+            "snoop_unknown_records",
+            "--snoop: records naming a group the snooper did not hold that did not join it.",
+            s.unknown_records,
+        ),
+        (
+            "snoop_audits",
+            "--snoop: audit queries the snooper sent the guest.",
+            s.audits,
+        ),
+        (
+            "snoop_audit_confirmed",
+            "--snoop: groups an answer to an audit showed as the snooper held them.",
+            s.audit_confirmed,
+        ),
+        (
+            "snoop_audit_corrected",
+            "--snoop: groups whose mode or interest an answer to an audit changed (a change report missed).",
+            s.audit_corrected,
+        ),
+        (
+            "snoop_audit_added",
+            "--snoop: groups an answer to an audit brought that the snooper did not hold (a join missed).",
+            s.audit_added,
+        ),
+        (
+            "snoop_audit_dropped",
+            "--snoop: groups dropped for going unanswered in two audits in a row (a leave missed).",
+            s.audit_dropped,
+        ),
+    ] {
+        x.counter(name, help, port, v);
+    }
 }
 
 /// The state of one port's filter, as gauges labelled `port`.
@@ -356,6 +418,14 @@ mod tests {
                     filter_syncs: 2,
                     ..Default::default()
                 },
+                snoop: Some(crate::control::view::SnoopView::from(
+                    crate::device::snoop::SnoopCounters {
+                        reports: [4, 1],
+                        records: [[0, 0, 2, 3, 0, 0, 0, 0], [0; 8]],
+                        audit_dropped: 1,
+                        ..Default::default()
+                    },
+                )),
             }],
             totals: QueueSnapshot::default(),
             ctrl_commands: 3,
@@ -390,6 +460,9 @@ mod tests {
             format!("dpaa_vnic_filter_multicast_overflow{{{port}}} 1\n"),
             format!("dpaa_vnic_filter_unicast_overflow{{{port}}} 0\n"),
             format!("dpaa_vnic_snooped_groups{{{port}}} 5\n"),
+            format!("dpaa_vnic_snoop_reports_total{{{port},protocol=\"igmp\"}} 4\n"),
+            format!("dpaa_vnic_snoop_records_total{{{port},protocol=\"igmp\",record=\"to_ex\"}} 3\n"),
+            format!("dpaa_vnic_snoop_audit_dropped_total{{{port}}} 1\n"),
             "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
             format!(
                 "dpaa_vnic_build_info{{version=\"{}\",interface=\"2\"}} 1\n",

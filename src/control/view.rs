@@ -1,5 +1,6 @@
 //! JSON views of the daemon's ports for `ctl stats` and `ctl filter`. Key names are stable.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use crate::device::features::Attachment;
 use crate::device::filter::model::FilterSnapshot;
 use crate::device::filter::regs::FilterStats;
 use crate::device::rx_state::MacList;
+use crate::device::snoop::{SnoopCounters, RECORD_KINDS};
 use crate::device::RxMode;
 use crate::pipeline::Switch;
 use crate::ports::tap::TapPort;
@@ -63,6 +65,54 @@ pub struct PortStats {
     pub conn: ConnSnapshot,
     #[serde(flatten)]
     pub filter: FilterStats,
+    /// `--snoop`, net attachment ports: what the snooper saw and did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snoop: Option<SnoopView>,
+}
+
+/// Counts by protocol.
+#[derive(Debug, Serialize)]
+pub struct ByProtocol<T> {
+    pub igmp: T,
+    pub mld: T,
+}
+
+/// The snooper's counters (device/snoop.rs `SnoopCounters`).
+#[derive(Debug, Serialize)]
+pub struct SnoopView {
+    /// Reports parsed.
+    pub reports: ByProtocol<u64>,
+    /// Records applied, by kind (`is_in` ... `block`; `join`/`leave`: IGMPv1/v2, MLDv1).
+    pub records: ByProtocol<BTreeMap<&'static str, u64>>,
+    /// Records for a group not held that do not join it.
+    pub unknown_records: u64,
+    pub audits: u64,
+    pub audit_confirmed: u64,
+    pub audit_corrected: u64,
+    pub audit_added: u64,
+    pub audit_dropped: u64,
+}
+
+impl From<SnoopCounters> for SnoopView {
+    fn from(c: SnoopCounters) -> Self {
+        let kinds = |p: usize| RECORD_KINDS.iter().copied().zip(c.records[p]).collect();
+        SnoopView {
+            reports: ByProtocol {
+                igmp: c.reports[0],
+                mld: c.reports[1],
+            },
+            records: ByProtocol {
+                igmp: kinds(0),
+                mld: kinds(1),
+            },
+            unknown_records: c.unknown,
+            audits: c.audits,
+            audit_confirmed: c.audit_confirmed,
+            audit_corrected: c.audit_corrected,
+            audit_added: c.audit_added,
+            audit_dropped: c.audit_dropped,
+        }
+    }
 }
 
 /// Clients of the control socket and of `--metrics` refused (over the cap, oversized,
@@ -121,6 +171,7 @@ pub fn stats(d: &Daemon) -> StatsView {
                     ctrl_answer: g.ctrl_stats.ctrl_answer.quantiles(),
                     conn: g.health.stats.snapshot(),
                     filter,
+                    snoop: g.snoop_counters().map(SnoopView::from),
                 }
             }
             PortRef::Tap(t) => {
@@ -137,6 +188,7 @@ pub fn stats(d: &Daemon) -> StatsView {
                     ctrl_answer: Quantiles::default(),
                     conn: ConnSnapshot::default(),
                     filter: FilterStats::default(),
+                    snoop: None,
                 }
             }
         };

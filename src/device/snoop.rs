@@ -11,17 +11,24 @@
 //! the records would keep it in EXCLUDE mode for ever (`guest-tests/churn.sh` makes it).
 //! A router recovers through its queries; so does the snooper: once a guest's change reports
 //! go quiet for [`AUDIT_QUIET`], it asks for the guest's whole state with a general query
-//! (an audit). Everything answered within [`AUDIT_WINDOW`] is confirmed; a group left
-//! unconfirmed by [`AUDIT_ROUNDS`] audits in a row is dropped, a round being repeated at
-//! once while any group stands unconfirmed. The answers themselves (current-state records)
-//! replace what the snooper believed.
+//! (an audit). Everything answered within [`AUDIT_WINDOW`] is confirmed, and the answers
+//! (current-state records) replace what the snooper believed; a group no answer named is
+//! dropped. So after a burst of changes the table is exact once the guest has answered,
+//! well within 2 s (docs/filter.md, "Snooping"), and later leaves of a corrected group are
+//! seen as they come.
+//!
+//! One audit decides, where a router waits for two (RFC 3376's robustness variable): the
+//! snooper serves one host over a lossless ring and knows whether its query reached the
+//! guest's receive ring; an answer that comes late (a guest starved of CPU) brings its
+//! group back the moment it arrives.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::wire::mcast_report::{group_mac, GroupRecord, RecordKind};
+use crate::wire::mcast_report::{group_mac, GroupRecord, Protocol, RecordKind, Report};
 use crate::wire::MacAddr;
 
 /// Always delivered, never reported: all-hosts (224.0.0.1) and all-nodes (ff02::1).
@@ -30,17 +37,24 @@ pub const ALWAYS: [MacAddr; 2] = [
     MacAddr([0x33, 0x33, 0x00, 0x00, 0x00, 0x01]),
 ];
 
-/// How long a guest's change reports must be quiet before the audit query goes out: a
-/// Linux host retransmits each change a second later (its unsolicited report interval).
-pub const AUDIT_QUIET: Duration = Duration::from_millis(1500);
-/// The response time an audit query asks for.
-pub const AUDIT_RESPONSE: Duration = Duration::from_millis(1000);
-/// How long answers to an audit query are counted (the response time, and room for a
-/// guest whose timers run late).
-pub const AUDIT_WINDOW: Duration = Duration::from_millis(2500);
-/// Audits a group may go unanswered in before it is dropped: one lost answer is not a leave
-/// (RFC 3376's robustness variable, 2).
-pub const AUDIT_ROUNDS: u8 = 2;
+/// How long a guest's change reports must be quiet before the audit query goes out. Linux
+/// sends a change at once and repeats it within its unsolicited report interval (1 s); an
+/// audit between the two answers with the state both describe, and the repeat (a change
+/// report) only schedules another.
+pub const AUDIT_QUIET: Duration = Duration::from_millis(300);
+/// The response time an audit query asks for (Linux answers after a random delay below it).
+pub const AUDIT_RESPONSE: Duration = Duration::from_millis(500);
+/// How long answers to an audit query are counted: the response time, and as much again
+/// and more for a guest whose timers run late.
+pub const AUDIT_WINDOW: Duration = Duration::from_millis(1200);
+/// An IGMPv3 or MLDv2 host answers a general query with its whole state at once, in as
+/// many reports as it takes, back to back (Linux: `igmpv3_send_report`, `mld_send_report`).
+/// Once answers of a family have stopped coming for this long, that family's answer is
+/// complete and the audit need not wait for the rest of its window.
+pub const ANSWER_SETTLE: Duration = Duration::from_millis(150);
+/// How often the snooper's clock looks at each guest (daemon.rs): what an audit's timing
+/// may be late by.
+pub const TICK: Duration = Duration::from_millis(50);
 
 /// Default groups one guest may hold (`--snoop-max-groups`): above the 10 000 the scale
 /// tests join, within the exact table (regs.rs TABLE_MAX). A report for a group past it is
@@ -59,8 +73,8 @@ struct Group {
     /// INCLUDE mode: the sources asked for; wanted while not empty.
     include: HashSet<IpAddr>,
     expires: Option<Instant>,
-    /// Audits in a row that found no answer for the group.
-    misses: u8,
+    /// Created by the record being applied (for the counters).
+    new: bool,
 }
 
 /// Where the audit of the guest's state stands.
@@ -71,12 +85,17 @@ enum Audit {
     Idle,
     /// Changes were reported: the query goes out at this time, unless more come first.
     Due(Instant),
-    /// Queried: groups answered for (or changed) count as confirmed until `until`.
+    /// Queried: groups answered for (or changed) count as confirmed until `until`; the
+    /// value says whether an answer (a current-state record) named the group.
     Open {
         until: Instant,
         /// The families whose query reached the guest (IPv4, IPv6).
         asked: (bool, bool),
-        confirmed: HashSet<IpAddr>,
+        /// Whether the audit may be judged once the answers are in ([`ANSWER_SETTLE`]).
+        early: bool,
+        /// When each family's last IGMPv3 / MLDv2 answer came (IPv4, IPv6).
+        answered: [Option<Instant>; 2],
+        confirmed: HashMap<IpAddr, bool>,
         /// More changes came while the window was open: audit again after it.
         again: Option<Instant>,
     },
@@ -91,6 +110,104 @@ pub struct SnoopRefusals {
     pub sources: u64,
 }
 
+/// The kinds of record the counters tell apart, in [`SnoopCounters::records`] order: the
+/// six of IGMPv3/MLDv2 (RFC 3376 4.2.12), then IGMPv1/v2 and MLDv1 reports and leaves.
+pub const RECORD_KINDS: [&str; 8] = [
+    "is_in", "is_ex", "to_in", "to_ex", "allow", "block", "join", "leave",
+];
+
+/// What the snooper saw and did, since it started: every change to its state has a number
+/// here, so a missed leave or join shows up as one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SnoopCounters {
+    /// Reports parsed: IGMP, MLD.
+    pub reports: [u64; 2],
+    /// Records applied, by protocol (IGMP, MLD) and kind ([`RECORD_KINDS`]).
+    pub records: [[u64; 8]; 2],
+    /// Records that name a group the snooper does not hold and do not join it (a leave, a
+    /// BLOCK, an empty INCLUDE): nothing to do, and a sign of a change seen out of order.
+    pub unknown: u64,
+    /// Audit queries sent (rounds).
+    pub audits: u64,
+    /// Groups an answer to an audit confirmed as the snooper held them.
+    pub audit_confirmed: u64,
+    /// Groups an answer changed (mode or wanted-ness): a change report that was missed or
+    /// merged away.
+    pub audit_corrected: u64,
+    /// Groups an answer brought that the snooper did not hold: a missed join.
+    pub audit_added: u64,
+    /// Groups dropped for going unanswered in an audit: a missed leave.
+    pub audit_dropped: u64,
+}
+
+impl SnoopCounters {
+    /// Every counter in one array, for cells that mirror them (lock-free readers).
+    pub const LEN: usize = 2 + 16 + 6;
+
+    pub fn to_array(&self) -> [u64; Self::LEN] {
+        let mut a = [0u64; Self::LEN];
+        a[..2].copy_from_slice(&self.reports);
+        a[2..10].copy_from_slice(&self.records[0]);
+        a[10..18].copy_from_slice(&self.records[1]);
+        a[18..].copy_from_slice(&[
+            self.unknown,
+            self.audits,
+            self.audit_confirmed,
+            self.audit_corrected,
+            self.audit_added,
+            self.audit_dropped,
+        ]);
+        a
+    }
+
+    pub fn from_array(a: &[u64; Self::LEN]) -> Self {
+        let mut c = SnoopCounters::default();
+        c.reports.copy_from_slice(&a[..2]);
+        c.records[0].copy_from_slice(&a[2..10]);
+        c.records[1].copy_from_slice(&a[10..18]);
+        [
+            c.unknown,
+            c.audits,
+            c.audit_confirmed,
+            c.audit_corrected,
+            c.audit_added,
+            c.audit_dropped,
+        ] = [a[18], a[19], a[20], a[21], a[22], a[23]];
+        c
+    }
+}
+
+/// [`SnoopCounters`] mirrored in atomics: written under the snooper's lock after each change,
+/// read by `ctl stats` and `/metrics` without it (a guest's reports never hold them up).
+#[derive(Debug, Default)]
+pub struct SnoopCells([AtomicU64; SnoopCounters::LEN]);
+
+impl SnoopCells {
+    pub fn store(&self, c: &SnoopCounters) {
+        for (cell, v) in self.0.iter().zip(c.to_array()) {
+            cell.store(v, Ordering::Relaxed);
+        }
+    }
+
+    pub fn load(&self) -> SnoopCounters {
+        SnoopCounters::from_array(&std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed)))
+    }
+}
+
+fn kind_index(kind: RecordKind, legacy: bool) -> usize {
+    match (kind, legacy) {
+        (RecordKind::IsInclude, false) => 0,
+        (RecordKind::IsExclude, false) => 1,
+        (RecordKind::ToInclude, false) => 2,
+        (RecordKind::ToExclude, false) => 3,
+        (RecordKind::Allow, _) => 4,
+        (RecordKind::Block, _) => 5,
+        // v1/v2 messages read as IS_EX {} (a report) or TO_IN {} (a leave).
+        (RecordKind::IsExclude | RecordKind::IsInclude | RecordKind::ToExclude, true) => 6,
+        (RecordKind::ToInclude, true) => 7,
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Snooper {
     timeout: Option<Duration>,
@@ -101,6 +218,11 @@ pub struct Snooper {
     audit: Audit,
     max_groups: usize,
     refused: SnoopRefusals,
+    counters: SnoopCounters,
+    /// Until when answers to a query that was not an audit (`--snoop-timeout`'s refresh)
+    /// may still come: an audit sent before then is not judged early, since such an
+    /// answer would describe the guest before the audit asked.
+    other_answers_until: Option<Instant>,
 }
 
 impl Snooper {
@@ -127,6 +249,30 @@ impl Snooper {
         self.refused
     }
 
+    pub fn counters(&self) -> SnoopCounters {
+        self.counters
+    }
+
+    /// Applies one report, counting it and its records by kind; true when the set of
+    /// wanted groups changed.
+    pub fn apply_report(&mut self, report: &Report, now: Instant) -> bool {
+        let p = match report.protocol {
+            Protocol::Igmp => 0,
+            Protocol::Mld => 1,
+        };
+        self.counters.reports[p] += 1;
+        for r in &report.records {
+            self.counters.records[p][kind_index(r.kind, report.legacy)] += 1;
+        }
+        let is_answer = |r: &GroupRecord| matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
+        if let Audit::Open { answered, .. } = &mut self.audit {
+            if !report.legacy && report.records.iter().any(is_answer) {
+                answered[p] = Some(now);
+            }
+        }
+        self.apply(&report.records, now)
+    }
+
     fn mac_added(macs: &mut BTreeMap<MacAddr, u32>, group: &IpAddr) {
         *macs.entry(group_mac(group)).or_insert(0) += 1;
     }
@@ -148,7 +294,8 @@ impl Snooper {
         let mut change_report = false;
         for r in records {
             let expires = self.timeout.map(|t| now + t);
-            change_report |= !matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
+            let current = matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
+            change_report |= !current;
             let full = self.groups.len() >= self.max_groups;
             let g = match self.groups.entry(r.group) {
                 Entry::Occupied(o) => o.into_mut(),
@@ -161,6 +308,7 @@ impl Snooper {
                         RecordKind::Block => false,
                     };
                     if !joins {
+                        self.counters.unknown += 1;
                         continue;
                     }
                     if full {
@@ -168,10 +316,17 @@ impl Snooper {
                         continue;
                     }
                     Self::mac_added(&mut self.macs, &r.group);
-                    v.insert(Group::default())
+                    if current && matches!(self.audit, Audit::Open { .. }) {
+                        self.counters.audit_added += 1;
+                    }
+                    v.insert(Group {
+                        new: true,
+                        ..Group::default()
+                    })
                 }
             };
             let was = g.exclude || !g.include.is_empty();
+            let was_exclude = g.exclude;
             match r.kind {
                 RecordKind::IsExclude | RecordKind::ToExclude => {
                     g.exclude = true;
@@ -200,15 +355,29 @@ impl Snooper {
                 self.refused.sources += 1;
             }
             g.expires = expires;
-            g.misses = 0;
             let now_wanted = g.exclude || !g.include.is_empty();
+            let new = std::mem::take(&mut g.new);
+            // The mode matters beyond the filter: a leave from EXCLUDE is a TO_IN, from
+            // INCLUDE the BLOCK of its sources.
+            let corrected = !new && (was != now_wanted || was_exclude != g.exclude);
             if !now_wanted {
                 self.groups.remove(&r.group);
                 Self::mac_removed(&mut self.macs, &r.group);
             }
             changed |= was != now_wanted;
-            if let Audit::Open { confirmed, .. } = &mut self.audit {
-                confirmed.insert(r.group);
+            // What confirms a group in an audit: an answer, or a change that leaves it
+            // wanted and is not a BLOCK (which a host that left sends as it leaves).
+            let confirms = now_wanted && (current || r.kind != RecordKind::Block);
+            if let (Audit::Open { confirmed, .. }, true) = (&mut self.audit, confirms) {
+                // Answers (current state) are counted, once.
+                let answered = confirmed.entry(r.group).or_insert(false);
+                if current && !std::mem::replace(answered, true) && !new {
+                    if corrected {
+                        self.counters.audit_corrected += 1;
+                    } else {
+                        self.counters.audit_confirmed += 1;
+                    }
+                }
             }
         }
         if change_report {
@@ -221,6 +390,17 @@ impl Snooper {
         changed || before != self.groups.len()
     }
 
+    /// Whether a refresh query (`--snoop-timeout`) may go out now: not while an audit is
+    /// due or open, which refreshes every group anyway.
+    pub fn refresh_allowed(&self) -> bool {
+        matches!(self.audit, Audit::Idle)
+    }
+
+    /// A refresh query went out, asking for answers within `respond`.
+    pub fn refresh_sent(&mut self, now: Instant, respond: Duration) {
+        self.other_answers_until = Some(now + respond + AUDIT_WINDOW);
+    }
+
     /// Whether an audit query should go out now.
     pub fn audit_due(&self, now: Instant) -> bool {
         matches!(self.audit, Audit::Due(t) if now >= t)
@@ -230,13 +410,26 @@ impl Snooper {
     /// are counted from now. With neither delivered, the audit stays due.
     pub fn audit_sent(&mut self, now: Instant, v4: bool, v6: bool) {
         if v4 || v6 {
+            self.counters.audits += 1;
+            // Answers to a refresh may still be on their way: judge by the window alone.
+            let early = self.other_answers_until.is_none_or(|t| now >= t);
             self.audit = Audit::Open {
                 until: now + AUDIT_WINDOW,
                 asked: (v4, v6),
-                confirmed: HashSet::new(),
+                early,
+                answered: [None, None],
+                confirmed: HashMap::new(),
                 again: None,
             };
         }
+    }
+
+    /// Whether every family the audit asked about has answered, and settled.
+    fn answers_complete(asked: (bool, bool), answered: &[Option<Instant>; 2], now: Instant) -> bool {
+        [asked.0, asked.1]
+            .into_iter()
+            .zip(answered)
+            .all(|(asked, at)| !asked || at.is_some_and(|t| now >= t + ANSWER_SETTLE))
     }
 
     /// Time passing: groups whose interest timed out go, and an audit window that is over
@@ -252,7 +445,15 @@ impl Snooper {
             keep
         });
         let closed = match &self.audit {
-            Audit::Open { until, .. } if now >= *until => std::mem::take(&mut self.audit),
+            Audit::Open {
+                until,
+                asked,
+                early,
+                answered,
+                ..
+            } if now >= *until || (*early && Self::answers_complete(*asked, answered, now)) => {
+                std::mem::take(&mut self.audit)
+            }
             _ => Audit::Idle,
         };
         if let Audit::Open {
@@ -263,26 +464,20 @@ impl Snooper {
         } = closed
         {
             let macs = &mut self.macs;
-            self.groups.retain(|ip, g| {
+            let dropped = &mut self.counters.audit_dropped;
+            self.groups.retain(|ip, _| {
                 let family_asked = if ip.is_ipv4() { asked.0 } else { asked.1 };
-                if confirmed.contains(ip) || !family_asked {
-                    return true;
-                }
-                g.misses += 1;
-                let keep = g.misses < AUDIT_ROUNDS;
+                let keep = confirmed.contains_key(ip) || !family_asked;
                 if !keep {
                     Self::mac_removed(macs, ip);
+                    *dropped += 1;
                 }
                 keep
             });
-            // A group no answer confirmed is asked about again at once; changes reported
-            // meanwhile are audited once the guest has gone quiet.
-            self.audit = if self.groups.values().any(|g| g.misses > 0) {
-                Audit::Due(now)
-            } else if let Some(t) = again {
-                Audit::Due(t.max(now))
-            } else {
-                Audit::Idle
+            // Changes reported meanwhile are audited once the guest has gone quiet.
+            self.audit = match again {
+                Some(t) => Audit::Due(t.max(now)),
+                None => Audit::Idle,
             };
         }
         before != self.groups.len()
@@ -388,13 +583,13 @@ mod tests {
         let t1 = t + AUDIT_QUIET;
         assert!(s.audit_due(t1));
         s.audit_sent(t1, true, true);
-        assert!(!s.tick(t1 + AUDIT_WINDOW), "one unanswered audit is not a leave");
-        let t2 = t1 + AUDIT_WINDOW;
-        assert!(s.audit_due(t2), "asked again at once");
-        s.audit_sent(t2, true, true);
-        assert!(s.tick(t2 + AUDIT_WINDOW));
+        assert!(!s.tick(t1 + AUDIT_WINDOW / 2), "still within the window");
+        assert!(s.tick(t1 + AUDIT_WINDOW), "unanswered: gone");
         assert_eq!(s.macs(), ALWAYS.to_vec());
-        assert!(!s.audit_due(t2 + AUDIT_WINDOW * 4));
+        assert_eq!(s.counters().audit_dropped, 1);
+        assert!(!s.audit_due(t1 + AUDIT_WINDOW * 4));
+        // Well within 2 s of the last change.
+        assert!(AUDIT_QUIET + AUDIT_WINDOW < Duration::from_secs(2));
     }
 
     #[test]
@@ -415,10 +610,14 @@ mod tests {
         s.apply(&[rec(RecordKind::IsInclude, "239.1.0.1", &["10.0.0.9"])], t1);
         // A join while the window is open counts as an answer, and is audited after it.
         s.apply(&[rec(RecordKind::ToExclude, "239.1.0.3", &[])], t1);
-        s.tick(t1 + AUDIT_WINDOW);
-        // Only IPv4 was asked about: the IPv6 group is not judged.
+        // 239.1.0.2 went unanswered: gone. Only IPv4 was asked about: the IPv6 group is not
+        // judged.
+        assert!(s.tick(t1 + AUDIT_WINDOW));
         let later = t1 + AUDIT_WINDOW;
-        assert!(s.audit_due(later), "239.1.0.2 unconfirmed: asked again");
+        assert!(
+            s.audit_due(later),
+            "the join during the window is audited after it"
+        );
         s.audit_sent(later, true, true);
         s.apply(
             &[
@@ -428,7 +627,10 @@ mod tests {
             ],
             later,
         );
-        assert!(s.tick(later + AUDIT_WINDOW));
+        assert!(
+            !s.tick(later + AUDIT_WINDOW),
+            "every answer confirmed what was held"
+        );
         let macs = s.macs();
         assert!(macs.contains(&"01:00:5e:01:00:01".parse().unwrap()));
         assert!(!macs.contains(&"01:00:5e:01:00:02".parse().unwrap()));
@@ -436,6 +638,130 @@ mod tests {
         assert!(macs.contains(&"33:33:00:01:00:01".parse().unwrap()));
         // The answers were current-state records: nothing left to audit.
         assert!(!s.audit_due(later + AUDIT_WINDOW * 4));
+        // Every step shows in the counters: the mode the first answer changed, the one no
+        // answer named, the three groups the second confirmed.
+        let c = s.counters();
+        assert_eq!(
+            (
+                c.audits,
+                c.audit_corrected,
+                c.audit_confirmed,
+                c.audit_added,
+                c.audit_dropped
+            ),
+            (2, 1, 3, 0, 1)
+        );
+    }
+
+    /// Issue 35: once both families have answered and gone quiet, the audit is judged
+    /// without waiting out its window; a BLOCK in the window (what a host that left sends)
+    /// does not stand for an answer.
+    #[test]
+    fn an_audit_is_judged_as_soon_as_the_answers_are_in() {
+        let mut s = Snooper::new(None);
+        let t = Instant::now();
+        s.apply(
+            &[
+                rec(RecordKind::ToExclude, "239.1.0.1", &[]),
+                rec(RecordKind::IsInclude, "239.1.0.2", &["10.0.0.1"]),
+                rec(RecordKind::ToExclude, "ff15::1:1", &[]),
+            ],
+            t,
+        );
+        let t1 = t + AUDIT_QUIET;
+        s.audit_sent(t1, true, true);
+        let answer = |protocol, records| Report {
+            protocol,
+            legacy: false,
+            records,
+        };
+        // A BLOCK for 239.1.0.2 while the audit is open, for a source the snooper did not
+        // know of (its picture was stale), and the answers leave the group out.
+        s.apply(&[rec(RecordKind::Block, "239.1.0.2", &["10.0.0.9"])], t1);
+        let a4 = t1 + Duration::from_millis(200);
+        s.apply_report(
+            &answer(Protocol::Igmp, vec![rec(RecordKind::IsExclude, "239.1.0.1", &[])]),
+            a4,
+        );
+        assert!(!s.tick(a4 + ANSWER_SETTLE), "IPv6 has not answered yet");
+        let a6 = t1 + Duration::from_millis(400);
+        s.apply_report(
+            &answer(Protocol::Mld, vec![rec(RecordKind::IsExclude, "ff15::1:1", &[])]),
+            a6,
+        );
+        assert!(!s.tick(a6 + ANSWER_SETTLE / 2), "answers may still be coming");
+        assert!(s.tick(a6 + ANSWER_SETTLE), "judged before the window ends");
+        assert!(a6 + ANSWER_SETTLE < t1 + AUDIT_WINDOW);
+        assert_eq!(s.groups(), 2);
+        assert!(!s.macs().contains(&"01:00:5e:01:00:02".parse().unwrap()));
+        assert_eq!(s.counters().audit_dropped, 1);
+    }
+
+    #[test]
+    fn reports_and_records_are_counted_by_protocol_and_kind() {
+        let mut s = Snooper::new(None);
+        let t = Instant::now();
+        let report = |protocol, legacy, records| Report {
+            protocol,
+            legacy,
+            records,
+        };
+        s.apply_report(
+            &report(
+                Protocol::Igmp,
+                false,
+                vec![
+                    rec(RecordKind::ToExclude, "239.1.0.1", &[]),
+                    rec(RecordKind::Allow, "232.1.1.1", &["10.0.0.1"]),
+                    // A leave for a group never joined: nothing to do, and counted.
+                    rec(RecordKind::ToInclude, "239.1.0.9", &[]),
+                ],
+            ),
+            t,
+        );
+        // An IGMPv2 report and leave, an MLDv1 report.
+        s.apply_report(
+            &report(
+                Protocol::Igmp,
+                true,
+                vec![rec(RecordKind::IsExclude, "239.1.0.2", &[])],
+            ),
+            t,
+        );
+        s.apply_report(
+            &report(
+                Protocol::Igmp,
+                true,
+                vec![rec(RecordKind::ToInclude, "239.1.0.2", &[])],
+            ),
+            t,
+        );
+        s.apply_report(
+            &report(
+                Protocol::Mld,
+                true,
+                vec![rec(RecordKind::IsExclude, "ff15::1:1", &[])],
+            ),
+            t,
+        );
+        let c = s.counters();
+        assert_eq!(c.reports, [4 - 1, 1]);
+        let at = |kind: &str| RECORD_KINDS.iter().position(|k| *k == kind).unwrap();
+        assert_eq!(c.records[0][at("to_ex")], 1);
+        assert_eq!(c.records[0][at("allow")], 1);
+        assert_eq!(c.records[0][at("to_in")], 1);
+        assert_eq!((c.records[0][at("join")], c.records[0][at("leave")]), (1, 1));
+        assert_eq!(c.records[1][at("join")], 1);
+        assert_eq!(c.records.iter().flatten().sum::<u64>(), 6);
+        assert_eq!(c.unknown, 1);
+        // An answer to an audit that names a group the snooper lacks: a join it missed.
+        let t1 = t + AUDIT_QUIET;
+        s.audit_sent(t1, true, true);
+        s.apply(&[rec(RecordKind::IsExclude, "239.1.0.7", &[])], t1);
+        assert_eq!(s.counters().audit_added, 1);
+        let cells = SnoopCells::default();
+        cells.store(&s.counters());
+        assert_eq!(cells.load(), s.counters());
     }
 
     /// Issue 16: a guest reporting 100 000 groups. Each change rebuilt the filter's list

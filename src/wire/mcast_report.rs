@@ -97,12 +97,42 @@ pub fn is_report(frame: &[u8]) -> bool {
     }
 }
 
-/// The group records of an IGMP or MLD report in `frame`, or `None` if it is not one (or is
-/// truncated, malformed, or fails its checksum).
-pub fn parse(frame: &[u8]) -> Option<Vec<GroupRecord>> {
+/// The protocol a report came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Igmp,
+    Mld,
+}
+
+/// A membership report: its protocol, whether it is an IGMPv1/v2 or MLDv1 message (one
+/// group: a report or a leave) rather than an IGMPv3/MLDv2 one, and its records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub protocol: Protocol,
+    pub legacy: bool,
+    pub records: Vec<GroupRecord>,
+}
+
+/// The IGMP or MLD report in `frame`, or `None` if it is not one (or is truncated,
+/// malformed, or fails its checksum).
+pub fn parse(frame: &[u8]) -> Option<Report> {
     match message(frame, true)? {
-        Message::Igmp(m) => IgmpMessage::new_checked(m).ok()?.records(),
-        Message::Mld(m, pseudo) => MldMessage::new_checked(m, pseudo).ok()?.records(),
+        Message::Igmp(m) => {
+            let m = IgmpMessage::new_checked(m).ok()?;
+            Some(Report {
+                protocol: Protocol::Igmp,
+                legacy: matches!(m.msg_type(), igmp::V1_REPORT | igmp::V2_REPORT | igmp::LEAVE),
+                records: m.records()?,
+            })
+        }
+        Message::Mld(m, pseudo) => {
+            let m = MldMessage::new_checked(m, pseudo).ok()?;
+            Some(Report {
+                protocol: Protocol::Mld,
+                legacy: matches!(m.msg_type(), mld::V1_REPORT | mld::V1_DONE),
+                records: m.records()?,
+            })
+        }
     }
 }
 
@@ -197,7 +227,9 @@ mod tests {
     fn igmp_v2_report_and_leave() {
         let f = igmp_frame(&[0x16, 0, 0, 0, 239, 1, 2, 3]);
         assert!(maybe_report(&f));
-        let r = parse(&f).unwrap();
+        let report = parse(&f).unwrap();
+        assert_eq!((report.protocol, report.legacy), (Protocol::Igmp, true));
+        let r = report.records;
         assert_eq!(
             r,
             vec![GroupRecord {
@@ -208,7 +240,7 @@ mod tests {
         );
         assert_eq!(group_mac(&r[0].group).to_string(), "01:00:5e:01:02:03");
         let f = igmp_frame(&[0x17, 0, 0, 0, 239, 129, 2, 3]);
-        let r = parse(&f).unwrap();
+        let r = parse(&f).unwrap().records;
         assert_eq!(r[0].kind, RecordKind::ToInclude);
         // 239.129.2.3 shares its MAC with 239.1.2.3: only 23 bits map.
         assert_eq!(group_mac(&r[0].group).to_string(), "01:00:5e:01:02:03");
@@ -223,6 +255,8 @@ mod tests {
             0xdd, // IS_IN with 2 sources + aux
         ];
         let r = parse(&igmp_frame(&msg)).unwrap();
+        assert!(!r.legacy);
+        let r = r.records;
         assert_eq!(r.len(), 2);
         assert_eq!((r[0].kind, r[0].sources.len()), (RecordKind::ToExclude, 0));
         assert_eq!(r[1].kind, RecordKind::IsInclude);
@@ -294,7 +328,7 @@ mod tests {
         f.extend_from_slice(&ip);
         assert!(maybe_report(&f));
         assert!(is_report(&f));
-        let r = parse(&f).unwrap();
+        let r = parse(&f).unwrap().records;
         assert_eq!(r[0].kind, RecordKind::ToExclude);
         assert_eq!(group_mac(&r[0].group).to_string(), "33:33:00:01:00:02");
         let mut bad = f.clone();
@@ -363,7 +397,7 @@ mod query_tests {
             0x00, 0x00, 0xef, 0x04, 0x02, 0x01, 0x05, 0x00, 0x00, 0x01, 0x01, 0x01, 0xe8, 0x01, 0x0a, 0x00,
             0x00, 0x01,
         ];
-        let r = parse(&frame).expect("still a report");
+        let r = parse(&frame).expect("still a report").records;
         assert_eq!(
             r,
             vec![GroupRecord {
@@ -385,6 +419,6 @@ mod query_tests {
             f
         };
         assert_eq!(parse(&v2([10, 0, 0, 1])), None);
-        assert_eq!(parse(&v2([239, 0, 0, 1])).map(|r| r.len()), Some(1));
+        assert_eq!(parse(&v2([239, 0, 0, 1])).map(|r| r.records.len()), Some(1));
     }
 }

@@ -21,7 +21,7 @@ use crate::device::filter::regs::FilterStats;
 use crate::device::filter::{FilterRegs, Layout};
 use crate::device::nic::NicView;
 use crate::device::rss::SteeringCell;
-use crate::device::snoop::{self, Snooper};
+use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
 use crate::pipeline::{Admitted, Egress, OutboxBuffers, Packet, PortFrames, Switch};
@@ -88,6 +88,8 @@ pub struct GuestPort {
     snoop: Mutex<Option<Snooper>>,
     /// Groups the snooper holds, for `ctl filter` without its lock.
     snooped_groups: AtomicUsize,
+    /// The snooper's counters, for `ctl stats` and `/metrics` without its lock.
+    snoop_cells: SnoopCells,
     mac_lock: MacLock,
     /// The source addresses the attached driver may send from (`--port-mac-lock`).
     pub source_lock: SourceLock,
@@ -141,6 +143,7 @@ impl GuestPort {
             handshake: None,
             snoop: Mutex::new(snooper),
             snooped_groups: AtomicUsize::new(0),
+            snoop_cells: SnoopCells::default(),
             mac_lock: MacLock::Auto,
             source_lock: SourceLock::default(),
             frontend: Current::default(),
@@ -267,6 +270,11 @@ impl GuestPort {
             .then(|| self.snooped_groups.load(Ordering::Relaxed))
     }
 
+    /// The snooper's counters (`--snoop`).
+    pub fn snoop_counters(&self) -> Option<SnoopCounters> {
+        self.rx.snooping.then(|| self.snoop_cells.load())
+    }
+
     /// A driver attached its rings: senders write into them from the next frame.
     pub(super) fn publish_rings(&self, vrings: Vec<Vring>, mem: Mem, broken: Arc<BrokenRings>) {
         let feat = self.negotiated();
@@ -325,10 +333,10 @@ impl GuestPort {
             return;
         }
         match mcast_report::parse(frame) {
-            Some(records) => {
-                trace!("port {}: membership report: {records:?}", self.id);
+            Some(report) => {
+                trace!("port {}: membership report: {report:?}", self.id);
                 let now = Instant::now();
-                self.with_snooper(|s| s.apply(&records, now));
+                self.with_snooper(|s| s.apply_report(&report, now));
             }
             None => trace!(
                 "port {}: IGMP/MLD frame that is not a valid report ({} bytes): {:02x?}",
@@ -367,6 +375,23 @@ impl GuestPort {
         (v4, v6)
     }
 
+    /// `--snoop-timeout`'s refresh: general queries whose answers keep the groups the
+    /// guest still holds, unless an audit (which does the same) is due or open.
+    pub fn refresh(&self, respond: Duration, now: Instant) {
+        if !self.rx.snooping || self.attachment() != Some(Attachment::Net) {
+            return;
+        }
+        if !self.lock_snoop().as_ref().is_some_and(Snooper::refresh_allowed) {
+            return;
+        }
+        let (v4, v6) = self.send_queries(respond);
+        if v4 || v6 {
+            if let Some(s) = self.lock_snoop().as_mut() {
+                s.refresh_sent(now, respond);
+            }
+        }
+    }
+
     /// The snooper's clock (`--snoop`): expiry, and the audit of the guest's state once its
     /// change reports have gone quiet (device/snoop.rs). Called every few hundred ms.
     pub fn snoop_tick(&self, now: Instant) {
@@ -385,6 +410,7 @@ impl GuestPort {
         let (v4, v6) = self.send_queries(snoop::AUDIT_RESPONSE);
         if let Some(s) = self.lock_snoop().as_mut() {
             s.audit_sent(now, v4, v6);
+            self.snoop_cells.store(&s.counters());
         }
     }
 
@@ -415,6 +441,7 @@ impl GuestPort {
             );
         }
         self.snooped_groups.store(s.groups(), Ordering::Relaxed);
+        self.snoop_cells.store(&s.counters());
     }
 }
 
