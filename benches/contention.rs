@@ -1,5 +1,5 @@
 //! The shapes of the two Linux changes this project models, with 1 and 2 worker threads
-//! (issue 17, point 7), each thread on a frame or destination of its own:
+//! each thread on a frame or destination of its own:
 //!
 //! - **checksum actions**: act_csum before Linux 4.12's lockless rework took the action's
 //!   spinlock per packet and counted into shared statistics; dpaa-vnic's workers load an

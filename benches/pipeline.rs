@@ -211,7 +211,7 @@ fn bench_routed(c: &mut Criterion) {
 }
 
 /// What one parse of a frame's headers costs next to what the pipeline does with them
-/// (issue 17, "parse once"): one parse alone, a checksum action's whole update (its parse,
+/// ("parse once"): one parse alone, a checksum action's whole update (its parse,
 /// then the sums), and three stages that look into one frame (RSS over two queues, then
 /// two egress actions, the second matching on the protocol) sharing the packet's layers,
 /// against each stage parsing for itself as they did before the layers. IPv4 and an IPv6

@@ -23,7 +23,7 @@
 #                          by the answers to its queries)
 #   VNIC_CHURN_FILTER      memac (default), dtsec, dtsec-ext, exact
 #   VNIC_CHURN_CONVERGE    "median worst" seconds the tables must be exact within after a
-#                          guest's last change (default "2 3"; issue 35)
+#                          guest's last change (default "2 3")
 # Ends with a "REPORT churn ..." line: operations per second, filter syncs and control
 # commands per second, the daemon's CPU share, how long the tables took to be exact
 # (median, p95, worst), checkpoints passed and divergences.
@@ -171,7 +171,7 @@ read -r c_n c_med c_p95 c_max < <(awk '{print $6}' "$RUN_DIR/converged.txt" 2>/d
 printf 'REPORT churn %s, %s, filter %s, seed %s, knobs:%s; %s; tables exact after median %s s, p95 %s s, worst %s s (%d port-checkpoints); checkpoints passed %d of %d, divergences %d\n' \
     "${GUESTS[*]}" "$(cat "$GUEST_DIR/kernel-package")" "$FILTER" "$SEED" "${KNOBS% }" "$report" \
     "$c_med" "$c_p95" "$c_max" "$c_n" "$passed" "$((CHECKPOINTS + 2))" "$divergences" | tee -a "$RUN_DIR/../reports.txt"
-# The snooper's own account of the run (issue 35): reports, records by kind, audits.
+# The snooper's own account of the run: reports, records by kind, audits.
 grep -h '^SNOOP' "$RUN_DIR/check-$((CHECKPOINTS + 2)).log" >&2 || true
 # Every port-checkpoint's time, for scripts/stress's distributions.
 echo "CONVERGE-TIMES $(awk '{printf "%s ", $6}' "$RUN_DIR/converged.txt" 2>/dev/null)"

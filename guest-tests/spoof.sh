@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A guest that sends from its neighbour's MAC (issue 16). Two guests in the device
+# A guest that sends from its neighbour's MAC. Two guests in the device
 # attachment and the host's tap on one daemon; guest B puts its NIC in promiscuous mode and
 # floods broadcasts whose source is guest A's MAC while the host sends A 100 datagrams.
 #   --port-mac-lock off:  the switch learns A's address on B's port, and A's traffic goes

@@ -341,7 +341,7 @@ fn promtool_lint(text: &str) {
     );
 }
 
-/// Issue 19: a tap the daemon may not open is explained: CAP_NET_ADMIN, or a tap made for
+/// A tap the daemon may not open is explained: CAP_NET_ADMIN, or a tap made for
 /// the daemon's user beforehand. The daemon runs as root without CAP_NET_ADMIN in its
 /// bounding set (util-linux's `setpriv`), so it can open /dev/net/tun but not make a tap.
 #[test]

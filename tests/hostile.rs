@@ -141,7 +141,7 @@ fn hostile_messages_end_only_their_own_connection() {
             }
         }
     });
-    // Issue 19: each refusal is told at WARN with its reason and the request it concerns
+    // Each refusal is told at WARN with its reason and the request it concerns
     // (a repeat within a second only counts: one warning a second per port).
     let log = std::fs::read_to_string(&d.log).unwrap();
     let warned = |needle: &str| {
@@ -495,7 +495,7 @@ fn metrics_clients_cannot_kill_or_hold_the_daemon() {
     assert!(http(addr, &long).starts_with("HTTP/1.1 431"));
     assert!(http(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
     assert!(http(addr, b"\x00\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
-    // Issue 34 (7): a local user holds two thousand connections that say nothing, and
+    // A local user holds two thousand connections that say nothing, and
     // reconnects as they are cut, while another scrapes. Every scrape is answered, each
     // within two seconds; the held connections cost a descriptor each and are dropped,
     // oldest first, past the server's cap or when their time is up.

@@ -1131,7 +1131,7 @@ fn tx_frame(
 
 const CTRL_MAC_ADDR: u64 = 1 << 23;
 
-/// Issue 16, `--port-mac-lock auto` (the default) in the device attachment: the guest sends
+/// `--port-mac-lock auto` (the default) in the device attachment: the guest sends
 /// only from the MAC served in config space, as spoofchk does on an SR-IOV VF. A frame from
 /// a neighbour's address never reaches the switch (so it cannot take that neighbour's
 /// forwarding entry), and the driver cannot switch its station address to another.
@@ -1178,7 +1178,7 @@ fn a_locked_guest_cannot_send_from_or_move_to_another_address() {
     assert_eq!(r.port.lock_ctrl().ctrl.rx.mac.to_string(), "52:54:00:d0:aa:01");
 }
 
-/// Issue 16: a TSO frame with `gso_size = 1` would become one segment per payload byte at
+/// A TSO frame with `gso_size = 1` would become one segment per payload byte at
 /// every receiver without the offload. It is refused as it enters, once, and counted.
 #[test]
 fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
@@ -1213,7 +1213,7 @@ fn a_gso_frame_of_too_many_segments_is_refused_on_entry() {
     assert_eq!(r.sink.0.lock().unwrap().len(), 1, "only the sane frame went on");
 }
 
-/// Issue 16: `ctl stats` and `/metrics` read a port without its control lock, so a guest
+/// `ctl stats` and `/metrics` read a port without its control lock, so a guest
 /// whose commands or reports hold it (here: a thread that holds it for a while) delays
 /// no one else.
 #[test]
@@ -1246,7 +1246,7 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
     );
 }
 
-/// Issue 16: `ctl filter` shows each port as its last command left it, without the control
+/// `ctl filter` shows each port as its last command left it, without the control
 /// lock: the answer comes while a guest's command holds that lock (here a thread holds it),
 /// and it already holds the table the guest set before.
 #[test]
@@ -1278,7 +1278,7 @@ fn the_filter_view_is_read_without_waiting_for_the_control_lock() {
     assert_eq!(p["filter"]["buckets"].as_array().map(Vec::len), Some(1));
 }
 
-/// Issue 16, the panic policy: a bug met while a guest's frame goes through the switch (here
+/// The panic policy: a bug met while a guest's frame goes through the switch (here
 /// the sink panics on one EtherType) costs that frame only. The worker goes on, nothing is
 /// poisoned, and the next frame is delivered.
 #[test]

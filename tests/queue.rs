@@ -527,7 +527,7 @@ fn zero_length_table(m: &GuestMemoryMmap, table: u64, flags: u16, last_buf: u64)
     (N * 16) as u32
 }
 
-/// Issue 16: 64 heads that all point at one indirect table of 65 534 zero-length
+/// 64 heads that all point at one indirect table of 65 534 zero-length
 /// descriptors. Before, every frame sent to this guest walked all 64 chains (4.2 million
 /// descriptors), gave up, rewound and consumed nothing, so the next frame paid again. Now a
 /// frame walks at most MAX_FRAME_DESCS + 1 and the chain that went past it is returned

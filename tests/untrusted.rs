@@ -1,5 +1,5 @@
-//! A compromised QEMU and other local users against the daemon binary (issue 34): each
-//! attack of that run as a test, with the figure it is held to. A frontend may only ask
+//! A compromised QEMU and other local users against the daemon binary: each attack as a
+//! test, with the figure it is held to. A frontend may only ask
 //! for what was offered, only hold a bounded number of descriptors and bytes, only keep
 //! its port while it is claimed, and never reach another port; a local user can neither
 //! take a socket from its owner nor keep the scrape or the control socket from others.
@@ -51,8 +51,8 @@ fn ask(r: &mut Raw, req: u32, body: &[u8], fds: &[i32]) -> Option<u64> {
     Some(u64::from_le_bytes(body.get(..8)?.try_into().ok()?))
 }
 
-/// Attack 1: SET_VRING_ENABLE again and again before SET_FEATURES. One enable per queue
-/// is kept, so a million of them cost the daemon no memory.
+/// SET_VRING_ENABLE again and again before SET_FEATURES. One enable per queue
+/// is kept, so 300 000 of them cost the daemon no memory.
 #[test]
 fn early_enables_hold_no_memory_however_many() {
     let mut d = Daemon::start(1, &[]);
@@ -79,8 +79,8 @@ fn early_enables_hold_no_memory_however_many() {
     b.check(&mut d, "early enables");
 }
 
-/// Attack 2 and the smaller ones: features and requests beyond the offer are refused with
-/// a failure where the frontend waits for a status, and after [16] refusals the connection
+/// Features and requests beyond the offer are refused with
+/// a failure where the frontend waits for a status, and after 16 refusals the connection
 /// ends; ADD_MEM_REG never holds a descriptor, and the other port goes on serving.
 #[test]
 fn only_what_was_offered_is_served() {
@@ -110,7 +110,7 @@ fn only_what_was_offered_is_served() {
     // What was offered is still served on this connection.
     r.send(&msg(GET_FEATURES, 1, &[]), &[]);
     assert_eq!(r.recv().expect("GET_FEATURES answered").0, GET_FEATURES);
-    // ADD_MEM_REG with a descriptor each, as the attack sent 600 of them.
+    // ADD_MEM_REG with a descriptor each, 600 of them.
     let f = memfd(0x1000);
     let mut region = vec![0u8; 8];
     for v in [0u64, 0x1000, 0x7f00_0000_0000, 0] {
@@ -168,7 +168,7 @@ fn set_soft_nofile(pid: u32, soft: u64) -> u64 {
     old.rlim_cur
 }
 
-/// Attack 3: a session start that runs out of descriptors at every step in turn (the
+/// A session start that runs out of descriptors at every step in turn (the
 /// daemon's limit set just above what it holds, one more each round). Whatever step fails,
 /// descriptors and threads come back to the baseline and the port serves again.
 #[test]
@@ -216,7 +216,7 @@ fn a_session_that_fails_part_way_leaves_nothing() {
     fresh_frontend_works(&d, 0);
 }
 
-/// Attack 4: a kick eventfd in semaphore mode, written once with a huge count, would wake
+/// A kick eventfd in semaphore mode, written once with a huge count, would wake
 /// its worker that many times. It is refused (Linux 6.6 on shows the flag), and the
 /// daemon's CPU time stays flat.
 #[test]
@@ -251,7 +251,7 @@ fn a_semaphore_kick_and_an_oversized_table_are_refused() {
     }
 }
 
-/// Attack 9: a connection that never claims the port is let go after --handshake-timeout,
+/// A connection that never claims the port is let go after --handshake-timeout,
 /// so the frontend waiting behind it gets the port; one that talks without claiming it is
 /// let go as soon. A claimed, serving frontend that goes quiet is never dropped.
 #[test]
@@ -312,7 +312,7 @@ fn as_nobody(cmd: &mut Command) -> std::process::Output {
     cmd.uid(65534).gid(65534).output().unwrap()
 }
 
-/// Attack 5: in a directory anyone may write (0777, not sticky), another user starts a
+/// In a directory anyone may write (0777, not sticky), another user starts a
 /// second daemon on root's live socket: it is refused, root's socket stays the same file
 /// and serves. A stale socket of another user is never replaced. Needs root (CI runs as
 /// root) to be another user; as anyone else the second daemon is the same user, and the
@@ -366,7 +366,7 @@ fn sockets_are_never_taken_from_their_owner() {
     );
 }
 
-/// Attack 6: socket paths up to the 107 bytes a Unix address holds serve frontends; a
+/// Socket paths up to the 107 bytes a Unix address holds serve frontends; a
 /// longer one is refused at start, with the limit.
 #[test]
 fn every_socket_path_that_can_be_bound_serves() {
@@ -392,7 +392,7 @@ fn every_socket_path_that_can_be_bound_serves() {
     assert!(err.contains("108 bytes") && err.contains("at most 107"), "{err}");
 }
 
-/// Attack 7, the Unix side: `--metrics unix:PATH` serves the page on a socket with the
+/// `--metrics unix:PATH` serves the page on a socket with the
 /// daemon's socket mode, which no other user may open.
 #[test]
 fn metrics_on_a_unix_socket_are_private() {

@@ -262,7 +262,7 @@ mod tests {
         }
     }
 
-    /// Issue 34 (8): a client that sends only blank lines is let go at the idle limit, one
+    /// A client that sends only blank lines is let go at the idle limit, one
     /// that asks for something is not.
     #[test]
     fn blank_lines_do_not_hold_a_client_past_its_idle_limit() {

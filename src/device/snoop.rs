@@ -653,7 +653,7 @@ mod tests {
         );
     }
 
-    /// Issue 35: once both families have answered and gone quiet, the audit is judged
+    /// Once both families have answered and gone quiet, the audit is judged
     /// without waiting out its window; a BLOCK in the window (what a host that left sends)
     /// does not stand for an answer.
     #[test]
@@ -764,7 +764,7 @@ mod tests {
         assert_eq!(cells.load(), s.counters());
     }
 
-    /// Issue 16: a guest reporting 100 000 groups. Each change rebuilt the filter's list
+    /// A guest reporting 100 000 groups. Each change rebuilt the filter's list
     /// from every group (sorted) with no bound on their number; now the guest's share stops
     /// at `--snoop-max-groups` and a refused join costs nothing further. The cost is the
     /// list entries built for the filter, against a benign guest joining 5/8 of the bound

@@ -190,7 +190,7 @@ mod tests {
         assert_eq!((0..7).map(|p| f.held(p)).sum::<usize>(), 1000 - (1000 - found));
     }
 
-    /// Issue 16: a guest flooding random source MACs. Without a per-port limit (the table
+    /// A guest flooding random source MACs. Without a per-port limit (the table
     /// before) the flood evicted the other ports' stations, whose traffic was then flooded
     /// to every port, the flooder's included. With it the flooder fills its own share.
     #[test]

@@ -303,7 +303,7 @@ mod tests {
         assert_eq!(segs.iter().map(|s| s.len() - 62).sum::<usize>(), len);
     }
 
-    /// Issue 16: `gso_size = 1` on a 64 KiB frame. Each receiver without the offload got
+    /// `gso_size = 1` on a 64 KiB frame. Each receiver without the offload got
     /// one segment per payload byte; now the frame is refused, and the worst frame still
     /// taken (cut at 64 bytes) costs a known factor over a benign one of the same size.
     #[test]

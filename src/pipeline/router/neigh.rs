@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(n.learn(v6(3), A, 0), NeighLearned::Refused);
     }
 
-    /// Issue 16: 100 000 spoofed neighbours on one port. Before, each cloned the whole
+    /// 100 000 spoofed neighbours on one port. Before, each cloned the whole
     /// rules snapshot (with every neighbour so far) and emptied every route cache: about
     /// n^2 / 2 = 5 * 10^9 entry copies and 100 000 cache flushes. Now the port's share
     /// fills, the rest cost a lookup and a refusal, and nothing is invalidated.
