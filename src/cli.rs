@@ -63,51 +63,95 @@ pub enum Generated {
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
-    /// The daemon's --control socket.
-    #[arg(long, value_name = "PATH")]
-    pub control: PathBuf,
+    /// The daemon's control socket (its --control). Default: $DPAA_VNIC_CONTROL, else
+    /// $XDG_RUNTIME_DIR/dpaa-vnic/ctl, else /run/dpaa-vnic/ctl: where a daemon started with
+    /// a bare --control listens.
+    #[arg(long, value_name = "PATH", env = "DPAA_VNIC_CONTROL")]
+    pub control: Option<PathBuf>,
+    /// `table` for people, `json` for programs (the versioned interface,
+    /// docs/interface.md). Default: table on a terminal, json when piped.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<Format>,
     #[command(subcommand)]
     pub what: CtlCommand,
 }
 
+/// How `ctl` prints an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
-    /// Per-port, per-queue counters and totals (JSON).
+    /// Per-port counters and totals: each port's identity first, then its counters.
     Stats,
-    /// Per-port rx mode and MAC tables (JSON).
+    /// Per-port receive mode and MAC tables.
     Filter,
+    /// The daemon: version and revision, uptime, command line, ports.
+    Info,
+    /// A live view: each port's rates (frames, bytes, drops, filtered, hash false
+    /// positives, route cache hits per second), refreshed in place.
+    Watch {
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+        interval: f64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
     /// Checksum actions: list, add or delete them while traffic runs.
     Action {
         #[command(subcommand)]
-        op: ListAddDel,
+        op: ActionOp,
     },
     /// Static routes: list (with router interfaces and neighbours), add or delete them.
     Route {
         #[command(subcommand)]
-        op: ListAddDel,
+        op: RouteOp,
     },
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ListAddDel {
+pub enum ActionOp {
+    /// The actions in force, in order.
     List,
-    /// Adds one, e.g. `port=0,dir=egress,update=iph+udp` or `10.9.0.0/16,via=10.2.0.2`.
-    Add {
-        spec: String,
-    },
+    /// Adds one, e.g. `port=0,dir=egress,update=iph+udp` (the syntax of --csum-action).
+    Add { spec: String },
     /// Removes the one with this exact spec.
-    Del {
-        spec: String,
-    },
+    Del { spec: String },
 }
 
-impl ListAddDel {
-    /// The control-socket command and argument: `<what>-list|add|del`.
-    pub fn request(&self, what: &str) -> (String, Option<&str>) {
+#[derive(Debug, Subcommand)]
+pub enum RouteOp {
+    /// Routes, router interfaces and neighbours.
+    List,
+    /// Adds one, e.g. `10.9.0.0/16,via=10.2.0.2` or `10.8.0.0/16,port=1` (the syntax of
+    /// --route).
+    Add { spec: String },
+    /// Removes the one with this exact spec.
+    Del { spec: String },
+}
+
+impl ActionOp {
+    /// The control-socket command and argument.
+    pub fn request(&self) -> (&'static str, Option<&str>) {
         match self {
-            ListAddDel::List => (format!("{what}-list"), None),
-            ListAddDel::Add { spec } => (format!("{what}-add"), Some(spec)),
-            ListAddDel::Del { spec } => (format!("{what}-del"), Some(spec)),
+            ActionOp::List => ("action-list", None),
+            ActionOp::Add { spec } => ("action-add", Some(spec)),
+            ActionOp::Del { spec } => ("action-del", Some(spec)),
+        }
+    }
+}
+
+impl RouteOp {
+    /// The control-socket command and argument.
+    pub fn request(&self) -> (&'static str, Option<&str>) {
+        match self {
+            RouteOp::List => ("route-list", None),
+            RouteOp::Add { spec } => ("route-add", Some(spec)),
+            RouteOp::Del { spec } => ("route-del", Some(spec)),
         }
     }
 }
@@ -144,9 +188,11 @@ pub struct RunArgs {
     /// MTU served in config space.
     #[arg(long, default_value_t = 1500)]
     pub mtu: u16,
-    /// Unix socket for `dpaa-vnic ctl`.
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
+    /// Unix socket for `dpaa-vnic ctl`. Bare, the path `ctl` looks at by default:
+    /// $DPAA_VNIC_CONTROL, else $XDG_RUNTIME_DIR/dpaa-vnic/ctl, else /run/dpaa-vnic/ctl
+    /// (its directory is made if missing).
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub control: Option<Option<PathBuf>>,
     /// Receive filter of every guest port: memac (64 hash buckets), dtsec (256 unicast +
     /// 256 multicast buckets), dtsec-ext (512 multicast buckets) or exact.
     #[arg(long, default_value = "memac", value_name = "LAYOUT")]

@@ -282,7 +282,7 @@ impl Checks<'_> {
             }
         }
         let paths = (self.sockets.iter().map(|p| ("--socket", p)))
-            .chain(self.control.iter().map(|p| ("--control", p)))
+            .chain(self.control.iter().flatten().map(|p| ("--control", p)))
             .chain(self.qmp.iter().map(|q| ("--qmp", &q.path)));
         for (what, path) in paths {
             let len = path.as_os_str().len();
@@ -409,7 +409,9 @@ impl TryFrom<RunArgs> for Config {
             tap: a.tap,
             queue_pairs: a.queues,
             mtu: a.mtu,
-            control: a.control,
+            control: a
+                .control
+                .map(|c| c.unwrap_or_else(crate::control::client::default_path)),
             filter: a.filter,
             exact_limit: a.exact_limit,
             ctrl_poll: std::time::Duration::from_micros(a.ctrl_poll_us),

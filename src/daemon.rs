@@ -17,7 +17,7 @@ use thiserror::Error;
 use crate::config::{Config, Endpoint, GuestPortConfig};
 use crate::control::metrics_server::{self, MetricsError};
 use crate::control::server::ControlError;
-use crate::control::view::PortRef;
+use crate::control::view::{self, PortRef};
 use crate::control::{qmp, ControlServer, Daemon};
 use crate::device::snoop;
 use crate::device::NetConfig;
@@ -43,6 +43,12 @@ pub enum StartError {
     Tap(#[source] TapError),
     #[error("control socket")]
     Control(#[source] ControlError),
+    #[error("making {dir} for the control socket")]
+    ControlDir {
+        dir: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("metrics endpoint")]
     Metrics(#[source] MetricsError),
     #[error("poll mode")]
@@ -158,8 +164,10 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         ports,
         switch,
         refused: Default::default(),
+        started: view::Started::now(std::env::args().collect()),
     });
     if let Some(path) = &cfg.control {
+        make_default_dir(path)?;
         let (t, claim) = ControlServer::new(daemon.clone())
             .start(path, cfg.socket_access, &stop)
             .map_err(StartError::Control)?;
@@ -201,6 +209,32 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// A bare `--control` listens in a directory of its own (`client::default_path`), made
+/// here if missing: the user's alone under $XDG_RUNTIME_DIR, readable under /run. A path
+/// given explicitly is taken as it is.
+fn make_default_dir(path: &std::path::Path) -> Result<(), StartError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if path != crate::control::client::default_path() {
+        return Ok(());
+    }
+    let Some(dir) = path.parent().filter(|d| !d.exists()) else {
+        return Ok(());
+    };
+    let mode = if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        0o700
+    } else {
+        0o755
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(|source| StartError::ControlDir {
+            dir: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// Descriptors the whole daemon may hold at once: the ports, the tap's queues, the servers

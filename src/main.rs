@@ -6,7 +6,7 @@ use sd_notify::NotifyState;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::cli::{Cli, Command, CtlCommand, Generated};
+use dpaa_vnic::cli::{Cli, Command, Generated};
 use dpaa_vnic::config::Config;
 use dpaa_vnic::control::client;
 use dpaa_vnic::daemon;
@@ -27,24 +27,13 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Ctl(c)) => {
-            let (cmd, arg) = match &c.what {
-                CtlCommand::Stats => ("stats".to_string(), None),
-                CtlCommand::Filter => ("filter".to_string(), None),
-                CtlCommand::Action { op } => op.request("action"),
-                CtlCommand::Route { op } => op.request("route"),
-            };
-            match client::request(&c.control, &cmd, arg) {
-                Ok(out) => {
-                    println!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("dpaa-vnic ctl: {}", error_chain(&e));
-                    ExitCode::FAILURE
-                }
+        Some(Command::Ctl(c)) => match client::run(&c, &mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dpaa-vnic ctl: {}", error_chain(&e));
+                ExitCode::FAILURE
             }
-        }
+        },
         Some(Command::Generate { what }) => match generate(&what) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -38,7 +38,8 @@ fn bad_arguments_exit_2_with_a_message() {
             &["--socket", "/tmp/x.sock", "--poll", "1", "--poll-cpus", "1"],
             "cannot be used with",
         ),
-        (&["ctl", "stats"], "--control"),
+        (&["ctl", "--format", "xml", "stats"], "xml"),
+        (&["ctl", "watch", "--interval", "soon"], "--interval"),
         (
             &["--socket", "/tmp/x.sock", "--csum-action", "port=0,update=udp"],
             "missing dir=",
@@ -154,6 +155,111 @@ fn ctl_prints_stable_keys_and_sigterm_cleans_up() {
     // SIGTERM: clean exit, sockets gone.
     terminate(&mut d);
     assert!(!sock.exists() && !ctl.exists() && !sock.with_extension("b").exists());
+}
+
+/// `ctl` for a person: tables with each port's identity first, `info`, a live `watch`,
+/// the control path from DPAA_VNIC_CONTROL, and a clear word when pointed at a vhost-user
+/// socket.
+#[test]
+fn ctl_speaks_to_people_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let ctl = dir.path().join("ctl.sock");
+    let _d = start(&sock, &ctl);
+    let ctl_out = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("ctl")
+            .args(args)
+            .env("DPAA_VNIC_CONTROL", &ctl)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, table, err) = ctl_out(&["--format", "table", "stats"]);
+    assert_eq!(code, Some(0), "{err}");
+    let header = table.lines().nth(1).unwrap();
+    assert!(
+        header.find("port").unwrap() < header.find("rx frames").unwrap(),
+        "{table}"
+    );
+    assert!(
+        table.contains(sock.to_str().unwrap()) && table.contains("vhost-user"),
+        "{table}"
+    );
+    // Piped, the default is the JSON of the interface.
+    let (_, json, _) = ctl_out(&["stats"]);
+    assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok(), "{json}");
+    let (code, info, err) = ctl_out(&["--format", "table", "info"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        info.starts_with(&format!("dpaa-vnic {}", env!("CARGO_PKG_VERSION"))),
+        "{info}"
+    );
+    assert!(
+        info.contains("--socket") && info.contains("interface version 2"),
+        "{info}"
+    );
+    let (_, info, _) = ctl_out(&["info"]);
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["daemon_version"], env!("CARGO_PKG_VERSION"));
+    assert_ne!(v["revision"], "");
+    let (code, filter, _) = ctl_out(&["--format", "table", "filter"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        filter.contains("52:54:00:d0:aa:01") && filter.contains("promisc"),
+        "{filter}"
+    );
+    let (code, watch, err) = ctl_out(&["watch", "--interval", "0.2", "--count", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(watch.matches("rx frames/s").count(), 2, "{watch}");
+    // Pointed at a port's vhost-user socket instead of the control socket.
+    let out = Command::new(BIN)
+        .args(["ctl", "--control", sock.to_str().unwrap(), "stats"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("not a vhost-user port's socket"), "{err}");
+}
+
+/// A bare `--control` and a bare `ctl` meet at the same default path, here under
+/// $XDG_RUNTIME_DIR, whose dpaa-vnic directory the daemon makes (the user's alone).
+#[test]
+fn a_bare_control_and_ctl_meet_at_the_default_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let runtime = dir.path().join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    let c = Command::new(BIN)
+        .args(["--socket", sock.to_str().unwrap(), "--control"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DPAA_VNIC_CONTROL")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon(c);
+    let ctl = runtime.join("dpaa-vnic/ctl");
+    wait_until("control socket at the default path", || {
+        std::os::unix::net::UnixStream::connect(&ctl).is_ok()
+    });
+    let mode = std::fs::metadata(runtime.join("dpaa-vnic"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let out = Command::new(BIN)
+        .args(["ctl", "stats"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DPAA_VNIC_CONTROL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    terminate(&mut d);
 }
 
 #[test]

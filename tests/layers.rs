@@ -114,6 +114,7 @@ const ROWS: &[Row] = &[
             "serde_json",
             "httparse",
             "mio",
+            "comfy_table",
             "socket2",
             "libc",
             "nix",

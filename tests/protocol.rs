@@ -1225,6 +1225,7 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
         ports: vec![PortRef::Guest(r.port.clone())],
         switch: r.switch.clone(),
         refused: Default::default(),
+        started: view::Started::now(Vec::new()),
     });
     let held = r.port.lock_ctrl();
     let (tx, rx) = std::sync::mpsc::channel();

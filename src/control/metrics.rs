@@ -120,10 +120,11 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
     let mut x = Exposition::default();
     x.gauge(
         "build_info",
-        "The daemon's version and the interface version of its answers; always 1.",
+        "The daemon's version, the git revision it was built from, and the interface version of its answers; always 1.",
         &format!(
-            "version=\"{}\",interface=\"{}\"",
-            env!("CARGO_PKG_VERSION"),
+            "version=\"{}\",revision=\"{}\",interface=\"{}\"",
+            view::VERSION,
+            escaped(view::REVISION),
             super::version::INTERFACE_VERSION
         ),
         1,
@@ -465,8 +466,9 @@ mod tests {
             format!("dpaa_vnic_snoop_audit_dropped_total{{{port}}} 1\n"),
             "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
             format!(
-                "dpaa_vnic_build_info{{version=\"{}\",interface=\"2\"}} 1\n",
-                env!("CARGO_PKG_VERSION")
+                "dpaa_vnic_build_info{{version=\"{}\",revision=\"{}\",interface=\"2\"}} 1\n",
+                env!("CARGO_PKG_VERSION"),
+                view::REVISION
             ),
             "# TYPE dpaa_vnic_connected gauge\n".to_string(),
         ] {

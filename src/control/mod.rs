@@ -11,6 +11,7 @@ pub mod bounded;
 pub mod client;
 pub mod metrics;
 pub mod metrics_server;
+pub mod present;
 pub mod qmp;
 pub mod server;
 pub mod version;

@@ -184,6 +184,7 @@ pub fn answer(d: &Daemon, line: &str) -> String {
         Ok(r) => match r.cmd.as_str() {
             "stats" => serde_json::to_value(view::stats(d)),
             "filter" => serde_json::to_value(view::filter(&d.ports)),
+            "info" => serde_json::to_value(view::info(d)),
             "action-list" => serde_json::to_value(view::actions(&d.switch)),
             "action-add" => edit_actions(d, true, r.arg.as_deref()),
             "action-del" => edit_actions(d, false, r.arg.as_deref()),
@@ -259,6 +260,7 @@ mod tests {
             ports: Vec::new(),
             switch: Arc::new(Switch::new(0)),
             refused: Default::default(),
+            started: view::Started::now(Vec::new()),
         }
     }
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -32,6 +33,84 @@ pub struct Daemon {
     /// Clients of the control socket and of `--metrics` that were refused (over the cap,
     /// oversized or slow requests).
     pub refused: ClientRefusals,
+    /// When and how the daemon started, for `ctl info`.
+    pub started: Started,
+}
+
+/// When the daemon started, and its command line.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub at: Instant,
+    pub unix_seconds: u64,
+    pub command_line: Vec<String>,
+}
+
+impl Started {
+    pub fn now(command_line: Vec<String>) -> Self {
+        Started {
+            at: Instant::now(),
+            unix_seconds: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            command_line,
+        }
+    }
+}
+
+/// The build: the package version and the git revision it was built from (`build.rs`;
+/// "unknown" outside a git checkout).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const REVISION: &str = env!("DPAA_VNIC_REVISION");
+
+/// `ctl info`. (`"version"` in every answer is the interface's; the daemon's is
+/// `daemon_version`.)
+#[derive(Serialize)]
+pub struct InfoView {
+    pub daemon_version: &'static str,
+    pub revision: &'static str,
+    pub started_unix: u64,
+    pub uptime_seconds: u64,
+    pub command_line: Vec<String>,
+    pub ports: Vec<PortInfo>,
+}
+
+#[derive(Serialize)]
+pub struct PortInfo {
+    pub id: usize,
+    pub kind: &'static str,
+    pub name: String,
+    pub connected: bool,
+    pub attachment: Option<Attachment>,
+}
+
+pub fn info(d: &Daemon) -> InfoView {
+    InfoView {
+        daemon_version: VERSION,
+        revision: REVISION,
+        started_unix: d.started.unix_seconds,
+        uptime_seconds: d.started.at.elapsed().as_secs(),
+        command_line: d.started.command_line.clone(),
+        ports: d
+            .ports
+            .iter()
+            .map(|p| match p {
+                PortRef::Guest(g) => PortInfo {
+                    id: g.id,
+                    kind: "vhost-user",
+                    name: g.socket.display().to_string(),
+                    connected: g.connected(),
+                    attachment: g.attachment(),
+                },
+                PortRef::Tap(t) => PortInfo {
+                    id: t.id,
+                    kind: "tap",
+                    name: t.name.clone(),
+                    connected: true,
+                    attachment: None,
+                },
+            })
+            .collect(),
+    }
 }
 
 /// Counts of refused clients, by server.

@@ -77,6 +77,52 @@ struct Group {
     new: bool,
 }
 
+impl Group {
+    /// EXCLUDE mode, or INCLUDE with a source: the filter takes the group.
+    fn wanted(&self) -> bool {
+        self.exclude || !self.include.is_empty()
+    }
+
+    /// Follows one record as the one host behind the port states it (RFC 3376 6.4.1 with a
+    /// single member); true when the source list outgrew [`MAX_SOURCES`] and the group is
+    /// kept as EXCLUDE {} instead.
+    fn follow(&mut self, r: &GroupRecord) -> bool {
+        match r.kind {
+            RecordKind::IsExclude | RecordKind::ToExclude => {
+                self.exclude = true;
+                self.include.clear();
+            }
+            RecordKind::IsInclude | RecordKind::ToInclude => {
+                self.exclude = false;
+                self.include = r.sources.iter().copied().collect();
+            }
+            RecordKind::Allow if !self.exclude => self.include.extend(r.sources.iter().copied()),
+            RecordKind::Block if !self.exclude => {
+                for s in &r.sources {
+                    self.include.remove(s);
+                }
+            }
+            // Sources of a group in EXCLUDE mode change nothing the filter needs.
+            RecordKind::Allow | RecordKind::Block => {}
+        }
+        let capped = self.include.len() > MAX_SOURCES;
+        if capped {
+            self.include.clear();
+            self.exclude = true;
+        }
+        capped
+    }
+}
+
+/// Whether a record for a group not held joins it.
+fn joins(r: &GroupRecord) -> bool {
+    match r.kind {
+        RecordKind::IsExclude | RecordKind::ToExclude => true,
+        RecordKind::IsInclude | RecordKind::ToInclude | RecordKind::Allow => !r.sources.is_empty(),
+        RecordKind::Block => false,
+    }
+}
+
 /// Where the audit of the guest's state stands.
 #[derive(Debug, Default)]
 enum Audit {
@@ -293,92 +339,9 @@ impl Snooper {
         let mut changed = false;
         let mut change_report = false;
         for r in records {
-            let expires = self.timeout.map(|t| now + t);
             let current = matches!(r.kind, RecordKind::IsInclude | RecordKind::IsExclude);
             change_report |= !current;
-            let full = self.groups.len() >= self.max_groups;
-            let g = match self.groups.entry(r.group) {
-                Entry::Occupied(o) => o.into_mut(),
-                Entry::Vacant(v) => {
-                    let joins = match r.kind {
-                        RecordKind::IsExclude | RecordKind::ToExclude => true,
-                        RecordKind::IsInclude | RecordKind::ToInclude | RecordKind::Allow => {
-                            !r.sources.is_empty()
-                        }
-                        RecordKind::Block => false,
-                    };
-                    if !joins {
-                        self.counters.unknown += 1;
-                        continue;
-                    }
-                    if full {
-                        self.refused.groups += 1;
-                        continue;
-                    }
-                    Self::mac_added(&mut self.macs, &r.group);
-                    if current && matches!(self.audit, Audit::Open { .. }) {
-                        self.counters.audit_added += 1;
-                    }
-                    v.insert(Group {
-                        new: true,
-                        ..Group::default()
-                    })
-                }
-            };
-            let was = g.exclude || !g.include.is_empty();
-            let was_exclude = g.exclude;
-            match r.kind {
-                RecordKind::IsExclude | RecordKind::ToExclude => {
-                    g.exclude = true;
-                    g.include.clear();
-                }
-                RecordKind::IsInclude | RecordKind::ToInclude => {
-                    g.exclude = false;
-                    g.include = r.sources.iter().copied().collect();
-                }
-                RecordKind::Allow => {
-                    if !g.exclude {
-                        g.include.extend(r.sources.iter().copied());
-                    }
-                }
-                RecordKind::Block => {
-                    if !g.exclude {
-                        for s in &r.sources {
-                            g.include.remove(s);
-                        }
-                    }
-                }
-            }
-            if g.include.len() > MAX_SOURCES {
-                g.include.clear();
-                g.exclude = true;
-                self.refused.sources += 1;
-            }
-            g.expires = expires;
-            let now_wanted = g.exclude || !g.include.is_empty();
-            let new = std::mem::take(&mut g.new);
-            // The mode matters beyond the filter: a leave from EXCLUDE is a TO_IN, from
-            // INCLUDE the BLOCK of its sources.
-            let corrected = !new && (was != now_wanted || was_exclude != g.exclude);
-            if !now_wanted {
-                self.groups.remove(&r.group);
-                Self::mac_removed(&mut self.macs, &r.group);
-            }
-            changed |= was != now_wanted;
-            // What confirms a group in an audit: an answer, or a change that leaves it
-            // wanted and is not a BLOCK (which a host that left sends as it leaves).
-            let confirms = now_wanted && (current || r.kind != RecordKind::Block);
-            if let (Audit::Open { confirmed, .. }, true) = (&mut self.audit, confirms) {
-                // Answers (current state) are counted, once.
-                let answered = confirmed.entry(r.group).or_insert(false);
-                if current && !std::mem::replace(answered, true) && !new {
-                    if corrected {
-                        self.counters.audit_corrected += 1;
-                    } else {
-                        self.counters.audit_confirmed += 1;
-                    }
-                }
-            }
+            changed |= self.apply_record(r, current, now);
         }
         if change_report {
             let due = now + AUDIT_QUIET;
@@ -388,6 +351,62 @@ impl Snooper {
             }
         }
         changed || before != self.groups.len()
+    }
+
+    /// One record (`current`: a current-state one, an answer); true when it changed
+    /// whether its group is wanted.
+    fn apply_record(&mut self, r: &GroupRecord, current: bool, now: Instant) -> bool {
+        let full = self.groups.len() >= self.max_groups;
+        let g = match self.groups.entry(r.group) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                if !joins(r) {
+                    self.counters.unknown += 1;
+                    return false;
+                }
+                if full {
+                    self.refused.groups += 1;
+                    return false;
+                }
+                Self::mac_added(&mut self.macs, &r.group);
+                if current && matches!(self.audit, Audit::Open { .. }) {
+                    self.counters.audit_added += 1;
+                }
+                v.insert(Group {
+                    new: true,
+                    ..Group::default()
+                })
+            }
+        };
+        let (was, was_exclude) = (g.wanted(), g.exclude);
+        if g.follow(r) {
+            self.refused.sources += 1;
+        }
+        g.expires = self.timeout.map(|t| now + t);
+        let now_wanted = g.wanted();
+        let new = std::mem::take(&mut g.new);
+        // The mode matters beyond the filter: a leave from EXCLUDE is a TO_IN, from
+        // INCLUDE the BLOCK of its sources.
+        let corrected = !new && (was != now_wanted || was_exclude != g.exclude);
+        if !now_wanted {
+            self.groups.remove(&r.group);
+            Self::mac_removed(&mut self.macs, &r.group);
+        }
+        // What confirms a group in an audit: an answer, or a change that leaves it wanted
+        // and is not a BLOCK (which a host that left sends as it leaves).
+        let confirms = now_wanted && (current || r.kind != RecordKind::Block);
+        if let (Audit::Open { confirmed, .. }, true) = (&mut self.audit, confirms) {
+            // Answers (current state) are counted, once.
+            let answered = confirmed.entry(r.group).or_insert(false);
+            if current && !std::mem::replace(answered, true) && !new {
+                if corrected {
+                    self.counters.audit_corrected += 1;
+                } else {
+                    self.counters.audit_confirmed += 1;
+                }
+            }
+        }
+        was != now_wanted
     }
 
     /// Whether a refresh query (`--snoop-timeout`) may go out now: not while an audit is
