@@ -68,54 +68,61 @@ macro_rules! queue_counters {
 }
 
 queue_counters!(
-    /// Frames sent: by the guest, on a guest port (its TX queues); to the host, on a tap.
+    /// Frames the port sent into the switch: from the guest (its TX queues) on a guest
+    /// port; from the host, read off the tap, on a tap port.
     tx_packets,
-    /// Bytes of those frames, virtio-net header excluded.
+    /// Bytes of the frames the port sent into the switch (tx_packets), virtio-net header
+    /// excluded.
     tx_bytes,
-    /// Frames of that direction refused as malformed (a broken chain or header, a GSO
-    /// frame that cannot be cut); a guest's chain is returned to its driver.
+    /// Frames the port sent into the switch that were refused as malformed (a broken chain
+    /// or header, a GSO frame that cannot be cut); a guest's chain is returned to its driver.
     tx_errors,
-    /// Frames of that direction dropped whole (a spoofed source, too many GSO segments, a
-    /// write the tap refused).
+    /// Frames the port sent into the switch that were dropped whole (a spoofed source, too
+    /// many GSO segments).
     tx_dropped,
-    /// Frames received: into the guest's RX queues, on a guest port; from the host, on a tap.
+    /// Frames the switch delivered out of the port: into the guest's RX queues on a guest
+    /// port; written to the tap, to the host, on a tap port.
     rx_packets,
-    /// Bytes of those frames, virtio-net header excluded.
+    /// Bytes of the frames the switch delivered out of the port (rx_packets), virtio-net
+    /// header excluded.
     rx_bytes,
-    /// Frames for this guest dropped for want of room: no guest attached, or no receive
-    /// buffers posted.
+    /// Frames for the port dropped for want of room (no guest attached, no receive buffers
+    /// posted) or refused by the tap.
     rx_dropped,
-    /// Frames for this port that could not be written (broken receive chain, a segment that
-    /// does not fit).
+    /// Frames for the port that could not be written (a broken receive chain, a segment
+    /// that does not fit).
     rx_errors,
-    /// Partial checksums completed before delivery to a guest that did not negotiate them.
+    /// Frames whose partial checksum was completed before delivery to a guest that did not
+    /// negotiate partial checksums.
     rx_csum_completed,
-    /// Partial checksums completed before a frame left by a tap with `--tap-csum off`.
+    /// Frames whose partial checksum was completed before they were written to a tap with
+    /// `--tap-csum off`.
     tx_csum_completed,
-    /// GSO frames a guest sent.
+    /// GSO frames (several segments' worth) the guest sent into the switch.
     tx_gso,
-    /// GSO frames the tap handed over.
+    /// GSO frames the tap handed to the switch.
     rx_gso,
-    /// GSO frames cut into segments for a guest that cannot take them whole.
+    /// GSO frames cut into segments before delivery to a guest that cannot take them whole.
     rx_gso_segmented,
-    /// GSO frames cut into segments for the tap.
+    /// GSO frames cut into segments before they were written to the tap.
     tx_gso_segmented,
-    /// Frames the port's receive filter (the modelled DPAA filter) dropped.
+    /// Frames for the port that its receive filter (the modelled DPAA filter) dropped.
     rx_filtered,
-    /// Multicast frames the receive filter let through.
+    /// Multicast frames for the port that its receive filter let through.
     rx_mcast_accepted,
     /// Multicast frames let through only because their hash bucket is shared with a group
     /// the guest joined (a hash filter's false positive, as on the hardware).
     rx_hash_false_positive,
-    /// Frames a checksum action rewrote.
+    /// Frames whose checksums a checksum action rewrote (`--csum-action`).
     csum_updated,
     /// Frames a checksum action dropped because their headers lie about their lengths.
     csum_failed,
-    /// Packets the router forwarded.
+    /// Packets the router forwarded, counted on the queue they came in on.
     routed,
-    /// Route lookups the queue's own route cache answered.
+    /// Route lookups that the queue's own route cache answered.
     route_cache_hit,
-    /// Route lookups that went to the route table (cache empty, or its generation old).
+    /// Route lookups that went to the route table (the queue's cache empty, or its
+    /// generation old).
     route_cache_miss,
     /// Packets dropped while the next hop's address was being resolved (ARP, NDP).
     route_unresolved,
@@ -482,7 +489,7 @@ impl CtrlSnapshot {
         ("ctrl_errors", "Control-queue commands answered VIRTIO_NET_ERR."),
         (
             "ctrl_busy_ns",
-            "Nanoseconds from popping a command to returning it with its ack.",
+            "Time the control thread spent from popping each command to returning it with its ack (parse, apply, filter sync); in seconds as a metric, nanoseconds in ctl stats.",
         ),
         (
             "ctrl_wakeups",

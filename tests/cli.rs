@@ -391,6 +391,8 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         "dpaa_vnic_build_info{".to_string(),
         format!("dpaa_vnic_snoop_records_total{{{port0},protocol=\"mld\",record=\"to_in\"}} 0"),
         format!("dpaa_vnic_snoop_audits_total{{{port0}}} 0"),
+        "process_open_fds ".to_string(),
+        "# TYPE process_cpu_seconds_total counter".to_string(),
     ] {
         assert!(body.contains(&want), "{want} missing from {body}");
     }

@@ -105,7 +105,11 @@ impl Exposition {
             let _ = writeln!(out, "# HELP {} {}", f.name, f.help.trim());
             let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
             for (labels, v) in f.samples {
-                let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
+                if labels.is_empty() {
+                    let _ = writeln!(out, "{} {v}", f.name);
+                } else {
+                    let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
+                }
             }
         }
         out
@@ -174,7 +178,80 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
             v,
         );
     }
+    process_metrics(&mut x);
     x.text()
+}
+
+/// Prometheus's standard `process_*` families for the daemon itself, from /proc (Linux):
+/// CPU time, resident memory, descriptors open and allowed, threads, start time. A value
+/// /proc cannot give is left out rather than made up.
+fn process_metrics(x: &mut Exposition) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which may hold spaces: state is field 3.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    use nix::unistd::{sysconf, SysconfVar};
+    let conf = |v| sysconf(v).ok().flatten().unwrap_or(0);
+    let (hz, page) = (conf(SysconfVar::CLK_TCK), conf(SysconfVar::PAGE_SIZE));
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+    });
+    // Unprefixed, as every exporter names them.
+    let mut raw = |name: &str, kind: &'static str, help: &'static str, v: String| {
+        x.0.push(Family {
+            name: name.to_string(),
+            kind,
+            help,
+            samples: vec![(String::new(), v)],
+        });
+    };
+    if let (Some(u), Some(s), true) = (field(14), field(15), hz > 0) {
+        raw(
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time the daemon has spent, in seconds.",
+            ((u + s) as f64 / hz as f64).to_string(),
+        );
+    }
+    if let (Some(rss), true) = (field(24), page > 0) {
+        raw(
+            "process_resident_memory_bytes",
+            "gauge",
+            "The daemon's resident memory, in bytes (guest memory it has touched included).",
+            (rss * page as u64).to_string(),
+        );
+    }
+    if let Some(n) = field(20) {
+        raw("process_threads", "gauge", "The daemon's threads.", n.to_string());
+    }
+    if let (Some(start), Some(boot), true) = (field(22), boot, hz > 0) {
+        raw(
+            "process_start_time_seconds",
+            "gauge",
+            "When the daemon started, in seconds since the Unix epoch.",
+            (boot as f64 + start as f64 / hz as f64).to_string(),
+        );
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        raw(
+            "process_open_fds",
+            "gauge",
+            "Descriptors the daemon holds open.",
+            fds.count().to_string(),
+        );
+    }
+    if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        raw(
+            "process_max_fds",
+            "gauge",
+            "Descriptors the daemon may hold open (its soft RLIMIT_NOFILE).",
+            soft.to_string(),
+        );
+    }
 }
 
 /// The snooper's counters of one port (`--snoop`).
