@@ -19,7 +19,8 @@ declare -A DAEMON_PID GUEST_PID
 # daemon, make the run directory, and pick the accelerator (VNIC_ACCEL, exported).
 bench_setup() {
     "$REPO_ROOT/scripts/provision" >/dev/null
-    (cd "$REPO_ROOT" && cargo build --release --locked 2>&1 | tail -1)
+    log "building dpaa-vnic (release)"
+    (cd "$REPO_ROOT" && cargo build --release --locked)
     setup_run
     VNIC_ACCEL=$("$REPO_ROOT/scripts/probe-accel")
     export VNIC_ACCEL

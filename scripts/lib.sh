@@ -2,6 +2,22 @@
 # shellcheck shell=bash
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# rustup installs cargo here (scripts/provision does when the system has none recent enough),
+# and a login shell may not have it on PATH yet.
+[[ -x $HOME/.cargo/bin/cargo && :$PATH: != *:$HOME/.cargo/bin:* ]] && PATH=$HOME/.cargo/bin:$PATH
+
+# The running script, wherever it later cd's to.
+SCRIPT_PATH=$(realpath "$0")
+# script_help: the running script's leading comment block, its documentation.
+script_help() {
+    awk 'NR == 1 { next } !/^#/ { exit } /^# shellcheck/ { next } { sub(/^# ?/, ""); print }' "$SCRIPT_PATH"
+}
+# Every script (and guest scenario) answers -h/--help with that block, before doing anything:
+# this file is sourced without arguments, so "$1" is the script's own first argument.
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    script_help
+    exit 0
+fi
 # Everything fetched or built for guests lives here (ignored by git).
 CACHE_DIR=${VNIC_CACHE:-$REPO_ROOT/.cache}
 # The trixie rootfs that carries QEMU >= 10.2 (needed for the device attachment).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dpaa_vnic::control::qmp::QmpSpec;
 use dpaa_vnic::control::server::answer;
-use dpaa_vnic::control::view::Daemon;
+use dpaa_vnic::control::view::{Daemon, Started};
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::pipeline::csum_action::CsumAction;
 use dpaa_vnic::pipeline::router::{Route, RouterIf};
@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
         ports: Vec::new(),
         switch: Arc::new(Switch::new(2)),
         refused: Default::default(),
+        started: Started::now(Vec::new()),
     };
     let reply = answer(&d, line);
     let v: serde_json::Value = serde_json::from_str(&reply).expect("the answer is JSON");
