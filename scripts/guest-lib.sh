@@ -1,6 +1,7 @@
 # Helpers for guest tests: daemon and QEMU lifetimes, initramfs per test, console
 # markers, counters. Sourced by guest-tests/*.sh. Every wait is bounded; everything a
-# test starts is ended by the EXIT trap, whatever happens.
+# test starts is ended by the EXIT trap, whatever happens. A failed test keeps its logs
+# (consoles, daemon logs, counters) in its run directory; VNIC_KEEP_RUN=1 keeps them always.
 # shellcheck shell=bash
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -83,6 +84,8 @@ for p in json.load(open(sys.argv[1]))["ports"]:
     print("port %s: %s" % (p["id"], " ".join("%s=%s" % (k, v) for k, v in t.items() if v)))
 ' "$f" >&2
         done
+    elif [[ -n ${VNIC_KEEP_RUN:-} ]]; then
+        log "VNIC_KEEP_RUN: logs kept in $RUN_DIR"
     else
         rm -rf "$RUN_DIR"
     fi

@@ -4,6 +4,7 @@
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
 use crate::control::qmp::QmpSpec;
@@ -21,14 +22,117 @@ use crate::wire::MacAddr;
 /// 64-bit per-thread queue masks.
 pub const MAX_QUEUE_PAIRS: u16 = 31;
 
+/// A section `--help` and the man page print after the options: a title and its entries,
+/// each a term (a command, a variable, a code, a path) and what it is.
+pub struct Section {
+    pub title: &'static str,
+    pub entries: &'static [(&'static str, &'static str)],
+}
+
+/// The sections after the options, for `--help` ([`after_help`]) and the man page.
+pub const SECTIONS: &[Section] = &[
+    Section {
+        title: "EXAMPLES",
+        entries: &[
+            (
+                "dpaa-vnic --socket /run/vnic0.sock --socket /run/vnic1.sock --tap vtap0 --control",
+                "Two guest ports and the host's tap vtap0 on one switch; ctl answers on the default control socket.",
+            ),
+            (
+                "qemu-system-x86_64 ... -chardev socket,id=c0,path=/run/vnic0.sock -netdev vhost-user,id=n0,chardev=c0 -device virtio-net-pci,netdev=n0",
+                "A guest on port 0 in the net attachment (QEMU keeps the control queue); its memory must be shared (-object memory-backend-memfd,share=on). docs/running-with-qemu.md has both attachments.",
+            ),
+            (
+                "dpaa-vnic --socket /run/vnic0.sock --snoop --filter dtsec-ext",
+                "Net attachment, the filter following the guest's IGMP and MLD reports, with dTSEC's 512 multicast buckets.",
+            ),
+            (
+                "dpaa-vnic ctl stats; dpaa-vnic ctl watch; dpaa-vnic ctl --format json filter",
+                "Counters, live rates, and the filter's tables as the versioned JSON interface.",
+            ),
+            (
+                "dpaa-vnic --socket a.sock --socket b.sock --poll-cpus 1",
+                "Poll mode: one thread pinned to CPU 1 busy-polls both guests' queues.",
+            ),
+        ],
+    },
+    Section {
+        title: "ENVIRONMENT",
+        entries: &[
+            (
+                "RUST_LOG",
+                "What the daemon logs to stderr, in env_logger's syntax (error, warn, info, debug, trace, or per module); info by default. Per-frame lines are trace only.",
+            ),
+            (
+                "DPAA_VNIC_CONTROL",
+                "The control socket ctl talks to, and a bare --control listens on, when --control names none.",
+            ),
+            (
+                "XDG_RUNTIME_DIR",
+                "Without DPAA_VNIC_CONTROL: the default control socket is $XDG_RUNTIME_DIR/dpaa-vnic/ctl, else /run/dpaa-vnic/ctl.",
+            ),
+            (
+                "NOTIFY_SOCKET",
+                "Set by systemd for Type=notify: the daemon reports READY=1 once every socket serves, and STOPPING=1.",
+            ),
+        ],
+    },
+    Section {
+        title: "SIGNALS",
+        entries: &[(
+            "SIGTERM, SIGINT, SIGHUP",
+            "Each stops the daemon: every port's connection ends, the sockets it bound are removed, and it exits 0. SIGHUP reloads nothing: a terminal that closes, or a service manager's stop, ends the daemon cleanly.",
+        )],
+    },
+    Section {
+        title: "EXIT STATUS",
+        entries: &[
+            ("0", "Stopped by a signal after a clean shutdown; or --print-capabilities, --help, --version, or a ctl command that was answered."),
+            ("1", "The daemon could not start (a socket, tap or descriptor limit it could not have), or ctl got no answer or an error."),
+            ("2", "The command line is wrong: an unknown option or a value that does not parse."),
+        ],
+    },
+    Section {
+        title: "FILES",
+        entries: &[
+            ("/run/dpaa-vnic/ctl", "The default control socket of a daemon started with a bare --control, as root."),
+            (
+                "/etc/dpaa-vnic/NAME.env",
+                "With the dpaa-vnic@NAME systemd units: DPAA_VNIC_ARGS, the daemon's options for instance NAME (the socket comes from dpaa-vnic@NAME.socket).",
+            ),
+            (
+                "/etc/qemu/vhost-user/50-dpaa-vnic.json",
+                "QEMU's backend descriptor (docs/interop/vhost-user.json): how libvirt finds the program.",
+            ),
+        ],
+    },
+];
+
+/// [`SECTIONS`] as `--help` prints them after the options.
+pub fn after_help() -> String {
+    let mut out = String::new();
+    for s in SECTIONS {
+        out.push_str(s.title);
+        out.push_str(":\n");
+        for (term, what) in s.entries {
+            out.push_str(&format!("  {term}\n      {what}\n"));
+        }
+        out.push('\n');
+    }
+    out.trim_end().to_string()
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "dpaa-vnic",
     version,
     about = "vhost-user virtio-net backend modelled on NXP DPAA (FMan)",
-    after_long_help = "SIGNALS:\n  SIGTERM, SIGINT and SIGHUP each stop the daemon: every port's connection ends, the \
-sockets it bound are removed, and it exits 0. SIGHUP does not reload anything: a terminal \
-that closes, or a service manager's stop, ends the daemon cleanly."
+    long_about = "Serves a virtio-net NIC to QEMU guests over vhost-user: one guest port per --socket, \
+in either attachment (net: QEMU keeps the control queue; device: dpaa-vnic is the whole \
+device), joined by an in-process learning switch, and to the host through --tap. Each guest \
+port filters what it receives as an NXP DPAA FMan MAC does (exact entries and CRC or XOR hash \
+buckets), synced incrementally from the guest's address lists, its IGMP/MLD reports \
+(--snoop) or QEMU's table (--qmp). dpaa-vnic ctl inspects a running daemon."
 )]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -158,136 +262,189 @@ impl RouteOp {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// vhost-user socket to serve (`--socket-path` in QEMU's backend conventions); repeat
+    /// vhost-user socket to serve (--socket-path in QEMU's backend conventions); repeat
     /// for more guest ports (ports 0, 1, ... in order).
-    #[arg(long = "socket", visible_alias = "socket-path", value_name = "PATH")]
+    #[arg(
+        help_heading = "Ports",
+        long = "socket",
+        visible_alias = "socket-path",
+        value_name = "PATH"
+    )]
     pub sockets: Vec<PathBuf>,
     /// A listening vhost-user socket the daemon inherits as descriptor N (systemd socket
     /// activation, libvirt, a jailer), instead of --socket; repeat for more guest ports. The
     /// daemon never removes its file.
-    #[arg(long = "fd", value_name = "N", conflicts_with = "sockets")]
+    #[arg(
+        help_heading = "Ports",
+        long = "fd",
+        value_name = "N",
+        conflicts_with = "sockets"
+    )]
     pub fds: Vec<RawFd>,
-    /// Connect to each --socket, where the frontend listens (QEMU: `-chardev
-    /// socket,path=PATH,server=on`), instead of listening there; connect again whenever the
+    /// Connect to each --socket, where the frontend listens (QEMU: -chardev
+    /// socket,path=PATH,server=on), instead of listening there; connect again whenever the
     /// frontend goes away.
-    #[arg(long, conflicts_with = "fds")]
+    #[arg(help_heading = "Ports", long, conflicts_with = "fds")]
     pub client: bool,
     /// Print the backend's capabilities as QEMU's vhost-user.json schema describes them, and
     /// exit; other arguments are ignored.
     #[arg(long)]
     pub print_capabilities: bool,
     /// Host tap device to join to the switch (created if missing); it is the last port.
-    #[arg(long, value_name = "IFNAME")]
+    #[arg(help_heading = "Ports", long, value_name = "IFNAME")]
     pub tap: Option<String>,
     /// Queue pairs per port (one worker thread each).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(help_heading = "Ports", long, default_value_t = 1, value_name = "N")]
     pub queues: u16,
     /// MAC address served in config space, one per --socket in order (default 52:54:00:d0:aa:NN).
-    #[arg(long = "mac", value_name = "MAC")]
+    #[arg(help_heading = "Ports", long = "mac", value_name = "MAC")]
     pub macs: Vec<MacAddr>,
     /// MTU served in config space.
-    #[arg(long, default_value_t = 1500)]
+    #[arg(help_heading = "Ports", long, default_value_t = 1500)]
     pub mtu: u16,
-    /// Unix socket for `dpaa-vnic ctl`. Bare, the path `ctl` looks at by default:
+    /// Unix socket for dpaa-vnic ctl. Bare, the path ctl looks at by default:
     /// $DPAA_VNIC_CONTROL, else $XDG_RUNTIME_DIR/dpaa-vnic/ctl, else /run/dpaa-vnic/ctl
     /// (its directory is made if missing).
-    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    #[arg(help_heading = "Control and metrics", long, value_name = "PATH", num_args = 0..=1)]
     pub control: Option<Option<PathBuf>>,
     /// Receive filter of every guest port: memac (64 hash buckets), dtsec (256 unicast +
     /// 256 multicast buckets), dtsec-ext (512 multicast buckets) or exact.
-    #[arg(long, default_value = "memac", value_name = "LAYOUT")]
+    #[arg(help_heading = "Receive filter", long, default_value = "memac", value_name = "LAYOUT",
+        value_parser = PossibleValuesParser::new(["memac", "dtsec", "dtsec-ext", "exact"]).try_map(|s| s.parse::<Layout>()))]
     pub filter: Layout,
     /// Multicast entries the exact filter keeps before it falls back to allmulti.
-    #[arg(long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
+    #[arg(help_heading = "Receive filter", long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]
     pub exact_limit: usize,
     /// Microseconds the control queue keeps polling for the next command after serving one
     /// (0: sleep until kicked). Spends CPU only while a guest is sending commands; the
     /// default covers the gaps between a Linux guest's commands (docs/performance.md).
-    #[arg(long, default_value_t = 1000, value_name = "US")]
+    #[arg(
+        help_heading = "Control and metrics",
+        long,
+        default_value_t = 1000,
+        value_name = "US"
+    )]
     pub ctrl_poll_us: u64,
     /// Seconds a frontend has, once connected, to claim its port (VHOST_USER_SET_OWNER,
     /// QEMU's and DPDK's first request or close to it) before it is disconnected: a client
     /// that connects and says nothing holds the port from everyone else (0: no limit).
-    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    #[arg(
+        help_heading = "Limits and access",
+        long,
+        default_value_t = 5,
+        value_name = "SECONDS"
+    )]
     pub handshake_timeout: u64,
     /// Opt-in poll mode: N threads busy-poll the guests' TX queues (queues spread over them
     /// in turn) and carry each frame to its destination, with no kick or wake-up, as DPDK's
     /// PMD threads do. Each thread keeps a whole CPU busy even when no frame passes; where
     /// they run is left to taskset, systemd or libvirt. Default: event-driven
-    #[arg(long, value_name = "N", conflicts_with = "poll_cpus")]
+    #[arg(
+        help_heading = "Data path",
+        long,
+        value_name = "N",
+        conflicts_with = "poll_cpus"
+    )]
     pub poll: Option<usize>,
-    /// Opt-in poll mode with one thread per listed CPU, each pinned to its CPU (e.g. `2,3`
-    /// or `2-5`); otherwise as --poll
-    #[arg(long, value_name = "LIST")]
+    /// Opt-in poll mode with one thread per listed CPU, each pinned to its CPU (e.g. 2,3
+    /// or 2-5); otherwise as --poll
+    #[arg(help_heading = "Data path", long, value_name = "LIST")]
     pub poll_cpus: Option<String>,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
     /// NIC when QEMU has several. Repeat for more ports.
-    #[arg(long = "qmp", value_name = "PATH[,port=N][,nic=ID]")]
+    #[arg(
+        help_heading = "Receive filter",
+        long = "qmp",
+        value_name = "PATH[,port=N][,nic=ID]"
+    )]
     pub qmp: Vec<QmpSpec>,
     /// Net attachment: learn each guest's multicast groups from its own IGMP v1/v2/v3 and
     /// MLD v1/v2 reports and filter to exactly those (QEMU's own table stops at 64).
-    #[arg(long)]
+    #[arg(help_heading = "Receive filter", long)]
     pub snoop: bool,
     /// With --snoop: forget a group no report refreshed for this many seconds (0: keep it
     /// until the guest leaves it). dpaa-vnic then queries the guests every third of it.
-    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    #[arg(
+        help_heading = "Receive filter",
+        long,
+        default_value_t = 0,
+        value_name = "SECS"
+    )]
     pub snoop_timeout: u64,
     /// With --snoop: groups one guest may hold; joins beyond are ignored and counted
-    /// (`snoop_groups_refused`).
-    #[arg(long, default_value_t = DEFAULT_MAX_GROUPS, value_name = "N")]
+    /// (snoop_groups_refused).
+    #[arg(help_heading = "Receive filter", long, default_value_t = DEFAULT_MAX_GROUPS, value_name = "N")]
     pub snoop_max_groups: usize,
-    /// Checksum offload on the tap: `on` passes partial checksums both ways (fast); `off`
+    /// Checksum offload on the tap: on passes partial checksums both ways (fast); off
     /// completes them, so the host and captures on the tap see only final checksums.
-    #[arg(long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
+    #[arg(help_heading = "Data path", long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
     pub tap_csum: String,
     /// Checksum action (tc act_csum semantics):
-    /// `port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX]`.
+    /// port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX].
     /// Ports are numbered in --socket order, the tap last. Repeat for several.
-    #[arg(long = "csum-action", value_name = "SPEC")]
+    #[arg(help_heading = "Data path", long = "csum-action", value_name = "SPEC")]
     pub csum_actions: Vec<CsumAction>,
     /// Serve counters in Prometheus text format at http://ADDR:PORT/metrics. A bare PORT
-    /// listens on 127.0.0.1; ADDR may be a host name (`localhost`). A wildcard address
-    /// (0.0.0.0, [::]) needs --metrics-wildcard. `unix:PATH` serves the same page on a Unix
+    /// listens on 127.0.0.1; ADDR may be a host name (localhost). A wildcard address
+    /// (0.0.0.0, [::]) needs --metrics-wildcard. unix:PATH serves the same page on a Unix
     /// socket with the mode and group of --socket-mode/--socket-group, for hosts where any
     /// local user may reach loopback TCP.
-    #[arg(long, value_name = "[ADDR:]PORT|unix:PATH")]
+    #[arg(
+        help_heading = "Control and metrics",
+        long,
+        value_name = "[ADDR:]PORT|unix:PATH"
+    )]
     pub metrics: Option<String>,
     /// Let --metrics listen on a wildcard address, reachable from every interface.
-    #[arg(long)]
+    #[arg(help_heading = "Control and metrics", long)]
     pub metrics_wildcard: bool,
     /// Permission bits of the sockets the daemon creates (--socket, --control), octal; the
-    /// owner must keep read and write. With a group (--socket-group), 0660 lets a `qemu` or
-    /// `libvirt-qemu` user in.
-    #[arg(long, default_value = "0600", value_name = "MODE")]
+    /// owner must keep read and write. With a group (--socket-group), 0660 lets a qemu or
+    /// libvirt-qemu user in.
+    #[arg(
+        help_heading = "Limits and access",
+        long,
+        default_value = "0600",
+        value_name = "MODE"
+    )]
     pub socket_mode: String,
     /// Group (name or gid) given to the sockets the daemon creates.
-    #[arg(long, value_name = "GROUP")]
+    #[arg(help_heading = "Limits and access", long, value_name = "GROUP")]
     pub socket_group: Option<String>,
-    /// The router's address and connected prefix on a port, e.g. `0=10.1.0.1/24` or
-    /// `1=fd00:2::1/64`: it answers ARP / neighbour solicitations for it there and routes
+    /// The router's address and connected prefix on a port, e.g. 0=10.1.0.1/24 or
+    /// 1=fd00:2::1/64: it answers ARP / neighbour solicitations for it there and routes
     /// between such prefixes (MAC 02:76:6e:69:63:01). Repeat.
-    #[arg(long = "router-ip", value_name = "PORT=ADDR/PREFIX")]
+    #[arg(
+        help_heading = "Data path",
+        long = "router-ip",
+        value_name = "PORT=ADDR/PREFIX"
+    )]
     pub router_ips: Vec<RouterIf>,
-    /// A static route: `PREFIX,via=ADDR` (gateway on a connected prefix) or `PREFIX,port=N`
+    /// A static route: PREFIX,via=ADDR (gateway on a connected prefix) or PREFIX,port=N
     /// (on-link out of port N). Needs --router-ip. Repeat.
-    #[arg(long = "route", value_name = "PREFIX,via=ADDR|port=N")]
+    #[arg(
+        help_heading = "Data path",
+        long = "route",
+        value_name = "PREFIX,via=ADDR|port=N"
+    )]
     pub routes: Vec<Route>,
-    /// Which source MACs a guest may send from (as `spoofchk` on an SR-IOV NIC): `auto`
+    /// Which source MACs a guest may send from (as spoofchk on an SR-IOV NIC): auto
     /// locks a guest to the MAC served in config space (device attachment) and leaves the
-    /// net attachment open, where QEMU owns the MAC; `sticky` also locks a net-attachment
-    /// guest to the first unicast source it sends from; `off` never locks. Refused frames
-    /// count in `tx_spoofed`.
-    #[arg(long, default_value = "auto", value_name = "auto|sticky|off")]
+    /// net attachment open, where QEMU owns the MAC; sticky also locks a net-attachment
+    /// guest to the first unicast source it sends from; off never locks. Refused frames
+    /// count in tx_spoofed.
+    #[arg(help_heading = "Limits and access", long, default_value = "auto", value_name = "auto|sticky|off",
+        value_parser = PossibleValuesParser::new(["auto", "sticky", "off"]).try_map(|s| s.parse::<MacLock>()))]
     pub port_mac_lock: MacLock,
     /// Addresses the switch learns per port at most; beyond it a port's new source
-    /// addresses are not learned (`fdb_refused`), so a guest flooding random sources cannot
+    /// addresses are not learned (fdb_refused), so a guest flooding random sources cannot
     /// evict the others' stations.
-    #[arg(long, default_value_t = DEFAULT_PORT_LIMIT, value_name = "N")]
+    #[arg(help_heading = "Limits and access", long, default_value_t = DEFAULT_PORT_LIMIT, value_name = "N")]
     pub fdb_limit: usize,
     /// Router neighbours (ARP / NDP) kept per port at most; beyond it new ones are refused
-    /// (`neigh_refused`) until entries age out (5 minutes without a message from them).
-    #[arg(long, default_value_t = DEFAULT_NEIGH_LIMIT, value_name = "N")]
+    /// (neigh_refused) until entries age out (5 minutes without a message from them).
+    #[arg(help_heading = "Limits and access", long, default_value_t = DEFAULT_NEIGH_LIMIT, value_name = "N")]
     pub neigh_limit: usize,
 }
 

@@ -165,6 +165,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         switch,
         refused: Default::default(),
         started: view::Started::now(std::env::args().collect()),
+        poll: poll.clone(),
     });
     if let Some(path) = &cfg.control {
         make_default_dir(path)?;

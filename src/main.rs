@@ -1,12 +1,12 @@
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 use log::{error, info};
 use sd_notify::NotifyState;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use dpaa_vnic::cli::{Cli, Command, Generated};
+use dpaa_vnic::cli::{Cli, Command, Generated, SECTIONS};
 use dpaa_vnic::config::Config;
 use dpaa_vnic::control::client;
 use dpaa_vnic::daemon;
@@ -15,7 +15,7 @@ use dpaa_vnic::ports::vhost_user::sigbus;
 
 fn main() -> ExitCode {
     dpaa_vnic::logging::init();
-    // A panic is a bug; where guest input is handled it is contained (GuestPort::contain)
+    // A panic is a bug; where guest input is handled it is contained (Health::catch_bug)
     // and the daemon goes on. Its message goes through the log, so a guest that found a
     // way to repeat one is held to the log's rate limit instead of flooding stderr.
     std::panic::set_hook(Box::new(|info| log::error!("bug: {info}")));
@@ -25,7 +25,10 @@ fn main() -> ExitCode {
         println!("{}", dpaa_vnic::cli::capabilities());
         return ExitCode::SUCCESS;
     }
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     match cli.command {
         Some(Command::Ctl(c)) => match client::run(&c, &mut std::io::stdout().lock()) {
             Ok(()) => ExitCode::SUCCESS,
@@ -51,18 +54,53 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line as clap sees it, with the sections `--help` prints after the options.
+fn command() -> clap::Command {
+    Cli::command().after_long_help(dpaa_vnic::cli::after_help())
+}
+
 /// The man pages or a completion script, from the same definitions as `--help`.
 fn generate(what: &Generated) -> std::io::Result<()> {
     match what {
         Generated::Man { dir } => {
             std::fs::create_dir_all(dir)?;
-            clap_mangen::generate_to(Cli::command(), dir)
+            // A page per subcommand as clap_mangen makes them; the main page is written
+            // again below with the sections a man page has after its options.
+            clap_mangen::generate_to(Cli::command(), dir)?;
+            let mut page = Vec::new();
+            main_man_page(&mut page)?;
+            std::fs::write(dir.join("dpaa-vnic.1"), page)
         }
         Generated::Completions { shell, dir } => {
             std::fs::create_dir_all(dir)?;
             clap_complete::generate_to(*shell, &mut Cli::command(), "dpaa-vnic", dir).map(drop)
         }
     }
+}
+
+/// dpaa-vnic.1: clap_mangen's title, name, synopsis, description, options and
+/// subcommands, then EXAMPLES, ENVIRONMENT, SIGNALS, EXIT STATUS and FILES (man-pages(7)'s
+/// order) from [`SECTIONS`], and the version.
+fn main_man_page(w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap_mangen::roff::{bold, roman, Roff};
+    let man = clap_mangen::Man::new(Cli::command());
+    man.render_title(w)?;
+    man.render_name_section(w)?;
+    man.render_synopsis_section(w)?;
+    man.render_description_section(w)?;
+    man.render_options_section(w)?;
+    man.render_subcommands_section(w)?;
+    let mut roff = Roff::default();
+    for s in SECTIONS {
+        roff.control("SH", [s.title]);
+        for (term, what) in s.entries {
+            roff.control("TP", []);
+            roff.text([bold(*term)]);
+            roff.text([roman(*what)]);
+        }
+    }
+    roff.to_writer(w)?;
+    man.render_version_section(w)
 }
 
 /// Serves until SIGINT, SIGTERM or SIGHUP, then stops every thread in order (daemon.rs).

@@ -20,6 +20,72 @@ fn run(args: &[&str]) -> (i32, String) {
     )
 }
 
+/// `--help` groups the options and ends with examples, the environment, exit codes and
+/// files; the man page has the same as sections of its own, and no markup shown as text;
+/// the completions offer the values an option takes.
+#[test]
+fn help_man_page_and_completions_are_for_people() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for heading in [
+        "Ports:",
+        "Receive filter:",
+        "Data path:",
+        "Control and metrics:",
+        "Limits and access:",
+        "EXAMPLES:",
+        "ENVIRONMENT:",
+        "EXIT STATUS:",
+        "FILES:",
+    ] {
+        assert!(
+            help.contains(&format!("\n{heading}\n")),
+            "--help lacks {heading}:\n{help}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gen = |what: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("generate")
+            .args(what)
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    gen(&["man"]);
+    let page = std::fs::read_to_string(dir.path().join("dpaa-vnic.1")).unwrap();
+    for section in [
+        "DESCRIPTION",
+        "OPTIONS",
+        "EXAMPLES",
+        "ENVIRONMENT",
+        "EXIT STATUS",
+        "FILES",
+    ] {
+        // roff quotes a title with a space.
+        let quoted = format!(".SH \"{section}\"");
+        assert!(
+            page.contains(&format!(".SH {section}\n")) || page.contains(&quoted),
+            "the man page lacks {section}"
+        );
+    }
+    // roff writes a hyphen as \-.
+    assert!(page.contains("RUST_LOG") && page.contains("/etc/dpaa\\-vnic/NAME.env"));
+    assert!(!page.contains('`'), "backticks in the man page");
+    let name = page.split(".SH SYNOPSIS").next().unwrap_or_default().to_string();
+    let description = page.split(".SH DESCRIPTION").nth(1).unwrap_or_default();
+    assert!(
+        description.contains("FMan MAC") && !name.contains("FMan MAC"),
+        "DESCRIPTION says more than NAME"
+    );
+    gen(&["completions", "bash"]);
+    let bash = std::fs::read_to_string(dir.path().join("dpaa-vnic.bash")).unwrap();
+    assert!(bash.contains("memac dtsec dtsec-ext exact"), "--filter's values");
+    assert!(bash.contains("auto sticky off"), "--port-mac-lock's values");
+}
+
 #[test]
 fn bad_arguments_exit_2_with_a_message() {
     for (args, needle) in [

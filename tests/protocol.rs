@@ -1226,6 +1226,7 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
         switch: r.switch.clone(),
         refused: Default::default(),
         started: view::Started::now(Vec::new()),
+        poll: None,
     });
     let held = r.port.lock_ctrl();
     let (tx, rx) = std::sync::mpsc::channel();

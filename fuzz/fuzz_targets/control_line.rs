@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
         switch: Arc::new(Switch::new(2)),
         refused: Default::default(),
         started: Started::now(Vec::new()),
+        poll: None,
     };
     let reply = answer(&d, line);
     let v: serde_json::Value = serde_json::from_str(&reply).expect("the answer is JSON");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::bounded::Limits;
 use super::view::{self, FilterView, StatsView};
-use super::view::{Daemon, PortFilter, SnoopView};
+use super::view::{Daemon, PollThreadView, PortFilter, SnoopView};
 use crate::device::filter::regs::FilterStats;
 use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 
@@ -178,8 +178,34 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
             v,
         );
     }
+    poll_metrics(&mut x, &stats.poll_threads);
     process_metrics(&mut x);
     x.text()
+}
+
+/// Poll mode's threads: their busy and idle visits, and the time the busy ones took.
+fn poll_metrics(x: &mut Exposition, threads: &[PollThreadView]) {
+    for t in threads {
+        let labels = format!("thread=\"{}\"", t.thread);
+        x.counter(
+            "poll_busy_visits",
+            "Visits of a poll thread to a queue that found frames to serve.",
+            &labels,
+            t.busy_visits,
+        );
+        x.counter(
+            "poll_idle_visits",
+            "Visits of a poll thread to a queue that found nothing to serve.",
+            &labels,
+            t.idle_visits,
+        );
+        x.counter(
+            "poll_busy_ns",
+            "Seconds a poll thread spent in visits that found frames (its CPU time is all of it, busy or not).",
+            &labels,
+            t.busy_ns,
+        );
+    }
 }
 
 /// Prometheus's standard `process_*` families for the daemon itself, from /proc (Linux):
@@ -511,6 +537,13 @@ mod tests {
                 control: 0,
                 metrics: 2,
             },
+            poll_threads: vec![PollThreadView {
+                thread: 0,
+                cpu: Some(1),
+                busy_visits: 10,
+                idle_visits: 90,
+                busy_ns: 1_500_000_000,
+            }],
         }
     }
 
@@ -542,6 +575,8 @@ mod tests {
             format!("dpaa_vnic_snoop_records_total{{{port},protocol=\"igmp\",record=\"to_ex\"}} 3\n"),
             format!("dpaa_vnic_snoop_audit_dropped_total{{{port}}} 1\n"),
             "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
+            "dpaa_vnic_poll_busy_visits_total{thread=\"0\"} 10\n".to_string(),
+            "dpaa_vnic_poll_busy_seconds_total{thread=\"0\"} 1.5\n".to_string(),
             format!(
                 "dpaa_vnic_build_info{{version=\"{}\",revision=\"{}\",interface=\"2\"}} 1\n",
                 env!("CARGO_PKG_VERSION"),

@@ -261,6 +261,7 @@ mod tests {
             switch: Arc::new(Switch::new(0)),
             refused: Default::default(),
             started: view::Started::now(Vec::new()),
+            poll: None,
         }
     }
 

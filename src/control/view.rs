@@ -14,6 +14,7 @@ use crate::device::rx_state::MacList;
 use crate::device::snoop::{SnoopCounters, RECORD_KINDS};
 use crate::device::RxMode;
 use crate::pipeline::Switch;
+use crate::ports::poll::{PollGroup, PollThreadSnapshot};
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
 use crate::stats::{ConnSnapshot, CtrlSnapshot, Quantiles, QueueSnapshot};
@@ -35,6 +36,8 @@ pub struct Daemon {
     pub refused: ClientRefusals,
     /// When and how the daemon started, for `ctl info`.
     pub started: Started,
+    /// The poll threads (`--poll`, `--poll-cpus`), if any.
+    pub poll: Option<Arc<PollGroup>>,
 }
 
 /// When the daemon started, and its command line.
@@ -202,12 +205,36 @@ pub struct RefusedView {
     pub metrics: u64,
 }
 
+/// A poll thread's visits to its queues (poll mode only).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PollThreadView {
+    pub thread: usize,
+    pub cpu: Option<usize>,
+    pub busy_visits: u64,
+    pub idle_visits: u64,
+    pub busy_ns: u64,
+}
+
+impl From<PollThreadSnapshot> for PollThreadView {
+    fn from(s: PollThreadSnapshot) -> Self {
+        PollThreadView {
+            thread: s.thread,
+            cpu: s.cpu,
+            busy_visits: s.busy_visits,
+            idle_visits: s.idle_visits,
+            busy_ns: s.busy_ns,
+        }
+    }
+}
+
 #[derive(Serialize)]
 pub struct StatsView {
     pub ports: Vec<PortStats>,
     pub totals: QueueSnapshot,
     pub ctrl_commands: u64,
     pub clients_refused: RefusedView,
+    /// Empty unless the daemon runs in poll mode.
+    pub poll_threads: Vec<PollThreadView>,
 }
 
 fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
@@ -232,6 +259,9 @@ pub fn stats(d: &Daemon) -> StatsView {
             control: d.refused.control.load(Ordering::Relaxed),
             metrics: d.refused.metrics.load(Ordering::Relaxed),
         },
+        poll_threads: d.poll.as_ref().map_or_else(Vec::new, |g| {
+            g.snapshot().into_iter().map(PollThreadView::from).collect()
+        }),
     };
     for p in &d.ports {
         let ps = match p {
