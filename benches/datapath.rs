@@ -93,6 +93,7 @@ fn bench_queues(c: &mut Criterion) {
                         frame_max: 65_562,
                         chains: 256,
                         walk: 8192,
+                        quiet: false,
                     };
                     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits, &mut batch).unwrap();
                     if batch.is_empty() {

@@ -26,7 +26,7 @@ wait \$m || exit 1
 report_stats eth0
 GUEST
 
-for layout in exact memac dtsec-ext; do
+for layout in exact memac dtsec-ext tgec; do
     ns=vnic-mt-$layout-$$
     make_netns "$ns"
     start_daemon d-$layout "$ns" --socket "$RUN_DIR/$layout.sock" --tap vtap0 --filter "$layout"
@@ -58,7 +58,8 @@ def bucket(m):
         return sum((bin(o).count("1") & 1) << i for i, o in enumerate(m))
     crc = ~zlib.crc32(m) & 0xFFFFFFFF          # reflected CRC-32, preset ~0, no final xor
     rev = int(f"{crc:032b}"[::-1], 2)
-    return rev >> 23 if layout == "dtsec-ext" else 256 + (rev >> 24)
+    # dTSEC extended mode and the TGEC (fman_tgec.c): the top 9 bits; dTSEC normal: 256 + top 8.
+    return rev >> 23 if layout in ("dtsec-ext", "tgec") else 256 + (rev >> 24)
 if layout == "exact":
     print(0)
 else:

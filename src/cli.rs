@@ -54,6 +54,10 @@ pub const SECTIONS: &[Section] = &[
                 "dpaa-vnic --socket a.sock --socket b.sock --poll-cpus 1",
                 "Poll mode: one thread pinned to CPU 1 busy-polls both guests' queues.",
             ),
+            (
+                "dpaa-vnic qemu-args --attach device --queues 2 --socket /run/vnic0.sock",
+                "The QEMU arguments for a guest on that socket in the device attachment (--libvirt: the domain XML).",
+            ),
         ],
     },
     Section {
@@ -146,6 +150,9 @@ pub struct Cli {
 pub enum Command {
     /// Query a running daemon over its control socket.
     Ctl(CtlArgs),
+    /// Print the QEMU arguments (or libvirt's XML) that attach a guest to one of the
+    /// daemon's sockets.
+    QemuArgs(QemuArgsArgs),
     /// Writes the man pages or shell completions into DIR (for packaging: scripts/install).
     #[command(hide = true)]
     Generate {
@@ -163,6 +170,42 @@ pub enum Generated {
         shell: clap_complete::Shell,
         dir: PathBuf,
     },
+}
+
+/// How QEMU attaches a guest to a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Attach {
+    /// -netdev vhost-user with virtio-net-pci: QEMU keeps config space and the control queue.
+    Net,
+    /// vhost-user-test-device-pci (QEMU 10.2 and later): dpaa-vnic is the whole device.
+    Device,
+}
+
+#[derive(Debug, Args)]
+pub struct QemuArgsArgs {
+    /// The attachment.
+    #[arg(long, value_enum, default_value = "net")]
+    pub attach: Attach,
+    /// The daemon's socket for this guest (its --socket), absolute.
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// Queue pairs: the daemon's --queues.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub queues: u16,
+    /// The guest's MAC, in the net attachment (in the device attachment the daemon's --mac
+    /// serves it).
+    #[arg(long, default_value = "52:54:00:d0:aa:00", value_name = "MAC")]
+    pub mac: MacAddr,
+    /// Guest memory, shared with the daemon, in QEMU's size syntax.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub memory: String,
+    /// The daemon connects (its --client): QEMU listens on the socket.
+    #[arg(long)]
+    pub client: bool,
+    /// Print libvirt domain XML (memoryBacking, and the interface or qemu:commandline)
+    /// instead of QEMU arguments.
+    #[arg(long)]
+    pub libvirt: bool,
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +336,13 @@ pub struct RunArgs {
     /// Host tap device to join to the switch (created if missing); it is the last port.
     #[arg(help_heading = "Ports", long, value_name = "IFNAME")]
     pub tap: Option<String>,
+    /// Bring the tap up once it is open (as ip link set IFNAME up).
+    #[arg(help_heading = "Ports", long, requires = "tap")]
+    pub tap_up: bool,
+    /// Add the tap to bridge BR, which must exist, and bring it up (as ip link set IFNAME
+    /// master BR up).
+    #[arg(help_heading = "Ports", long, value_name = "BR", requires = "tap")]
+    pub tap_bridge: Option<String>,
     /// Queue pairs per port (one worker thread each).
     #[arg(help_heading = "Ports", long, default_value_t = 1, value_name = "N")]
     pub queues: u16,
@@ -308,9 +358,10 @@ pub struct RunArgs {
     #[arg(help_heading = "Control and metrics", long, value_name = "PATH", num_args = 0..=1)]
     pub control: Option<Option<PathBuf>>,
     /// Receive filter of every guest port: memac (64 hash buckets), dtsec (256 unicast +
-    /// 256 multicast buckets), dtsec-ext (512 multicast buckets) or exact.
+    /// 256 multicast buckets), dtsec-ext (512 multicast buckets), tgec (512 multicast
+    /// buckets, no unicast registers) or exact.
     #[arg(help_heading = "Receive filter", long, default_value = "memac", value_name = "LAYOUT",
-        value_parser = PossibleValuesParser::new(["memac", "dtsec", "dtsec-ext", "exact"]).try_map(|s| s.parse::<Layout>()))]
+        value_parser = PossibleValuesParser::new(["memac", "dtsec", "dtsec-ext", "tgec", "exact"]).try_map(|s| s.parse::<Layout>()))]
     pub filter: Layout,
     /// Multicast entries the exact filter keeps before it falls back to allmulti.
     #[arg(help_heading = "Receive filter", long, default_value_t = DEFAULT_EXACT_LIMIT, value_name = "N")]

@@ -43,7 +43,7 @@ pub enum ConfigError {
         #[source]
         source: std::num::ParseIntError,
     },
-    #[error("--tap {0:?}: interface names are 1 to 15 bytes")]
+    #[error("--tap or --tap-bridge {0:?}: interface names are 1 to 15 bytes, without '/' or spaces")]
     TapName(String),
     #[error(
         "{what} {path}: {len} bytes, and a Unix socket's path holds at most {} (unix(7), sun_path)",
@@ -125,6 +125,9 @@ pub struct GuestPortConfig {
 pub struct Config {
     pub guests: Vec<GuestPortConfig>,
     pub tap: Option<String>,
+    /// `--tap-up`, or implied by `--tap-bridge`.
+    pub tap_up: bool,
+    pub tap_bridge: Option<String>,
     pub queue_pairs: u16,
     pub mtu: u16,
     pub control: Option<PathBuf>,
@@ -309,7 +312,7 @@ impl Checks<'_> {
         if self.mtu < 68 {
             return Err(ConfigError::Mtu(self.mtu));
         }
-        if let Some(t) = &self.tap {
+        for t in self.tap.iter().chain(&self.tap_bridge) {
             if t.is_empty() || t.len() > 15 || t.contains(['/', ' ', '\0']) {
                 return Err(ConfigError::TapName(t.clone()));
             }
@@ -407,6 +410,8 @@ impl TryFrom<RunArgs> for Config {
         Ok(Config {
             guests,
             tap: a.tap,
+            tap_up: a.tap_up || a.tap_bridge.is_some(),
+            tap_bridge: a.tap_bridge,
             queue_pairs: a.queues,
             mtu: a.mtu,
             control: a

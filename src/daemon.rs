@@ -346,6 +346,8 @@ fn start_tap(
     let id = cfg.guests.len();
     let queues = usize::from(cfg.queue_pairs);
     let tap = TapPort::open(id, name, queues, cfg.tap_csum, switch.clone()).map_err(StartError::Tap)?;
+    tap.set_link(cfg.tap_up, cfg.tap_bridge.as_deref())
+        .map_err(StartError::Tap)?;
     let tap = Arc::new(tap);
     switch.attach(id, tap.clone());
     tap.start(&started.stop, &mut started.taps)

@@ -37,6 +37,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::QemuArgs(a)) => match dpaa_vnic::control::qemu_args::render(&a) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("dpaa-vnic qemu-args: {e}");
+                ExitCode::from(2)
+            }
+        },
         Some(Command::Generate { what }) => match generate(&what) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -82,7 +82,10 @@ fn help_man_page_and_completions_are_for_people() {
     );
     gen(&["completions", "bash"]);
     let bash = std::fs::read_to_string(dir.path().join("dpaa-vnic.bash")).unwrap();
-    assert!(bash.contains("memac dtsec dtsec-ext exact"), "--filter's values");
+    assert!(
+        bash.contains("memac dtsec dtsec-ext tgec exact"),
+        "--filter's values"
+    );
     assert!(bash.contains("auto sticky off"), "--port-mac-lock's values");
 }
 
@@ -266,7 +269,11 @@ fn ctl_speaks_to_people_too() {
         "{info}"
     );
     assert!(
-        info.contains("--socket") && info.contains("interface version 2"),
+        info.contains("--socket")
+            && info.contains(&format!(
+                "interface version {}",
+                dpaa_vnic::control::INTERFACE_VERSION
+            )),
         "{info}"
     );
     let (_, info, _) = ctl_out(&["info"]);
@@ -484,6 +491,219 @@ fn documented(metrics: &str) {
         }
     }
     assert!(missing.is_empty(), "not in docs/interface.md: {missing:?}");
+}
+
+/// `qemu-args --libvirt`: its pieces, put into a domain, pass libvirt's schema
+/// (`virt-xml-validate`) and libvirt's own parser (`virsh define` on the test driver), in
+/// both attachments, the daemon listening or connecting.
+#[test]
+fn qemu_args_libvirt_pieces_make_a_valid_domain() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        &["--attach", "net", "--queues", "2"][..],
+        &["--attach", "net", "--client"],
+        &["--attach", "device", "--queues", "2"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["qemu-args", "--libvirt", "--socket", "/run/dpaa-vnic/vm1.sock"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let xml = String::from_utf8(out.stdout).unwrap();
+        let piece = |open: &str, close: &str| {
+            xml.find(open)
+                .and_then(|a| {
+                    xml[a..]
+                        .find(close)
+                        .map(|b| xml[a..a + b + close.len()].to_string())
+                })
+                .unwrap_or_default()
+        };
+        let memory = piece("<memoryBacking>", "</memoryBacking>");
+        let interface = piece("<interface", "</interface>");
+        let commandline = piece("<qemu:commandline>", "</qemu:commandline>");
+        assert!(
+            !memory.is_empty() && (interface.is_empty() != commandline.is_empty()),
+            "{xml}"
+        );
+        let domain = format!(
+            "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>\n\
+             <name>vnic-args</name><memory unit='MiB'>256</memory>\n{memory}\n\
+             <os><type arch='x86_64' machine='q35'>hvm</type></os>\n\
+             <devices>{interface}</devices>\n{commandline}\n</domain>\n"
+        );
+        let file = tmp.path().join("domain.xml");
+        std::fs::write(&file, &domain).unwrap();
+        for cmd in [
+            vec!["virt-xml-validate", file.to_str().unwrap(), "domain"],
+            vec![
+                "virsh",
+                "-q",
+                "-c",
+                "test:///default",
+                "define",
+                file.to_str().unwrap(),
+            ],
+        ] {
+            let out = match Command::new(cmd[0]).args(&cmd[1..]).output() {
+                Ok(o) => o,
+                Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
+                    eprintln!("NOT CHECKED: {} ({e}); scripts/provision installs it", cmd[0]);
+                    return;
+                }
+                Err(e) => panic!("{}: {e} (scripts/provision installs libvirt-clients)", cmd[0]),
+            };
+            assert!(
+                out.status.success(),
+                "{cmd:?} {args:?}:\n{domain}\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// `--tap-bridge` (and so `--tap-up`): in a network namespace of the test's own, with a
+/// bridge made there, the daemon's tap comes up inside the bridge; a bridge that does not
+/// exist is a clear error at start. Root only (a tap and a namespace need CAP_NET_ADMIN).
+#[test]
+fn the_tap_comes_up_in_its_bridge() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("NOT CHECKED: needs root for a network namespace and a tap");
+        return;
+    }
+    let ns = format!("vnic-br-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ip(&["netns", "add", &ns]);
+    struct Netns(String);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _ns = Netns(ns.clone());
+    ip(&["-n", &ns, "link", "add", "br0", "type", "bridge"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("a.sock");
+    let start = |bridge: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", &ns, BIN, "--socket"])
+            .arg(&sock)
+            .args(["--tap", "vtap0", "--tap-bridge", bridge])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut d = start("br0");
+    wait_until("the tap up in br0", || {
+        // Not there until the daemon has made it.
+        let out = Command::new("ip")
+            .args(["-n", &ns, "-o", "link", "show", "vtap0"])
+            .output()
+            .unwrap();
+        let link = String::from_utf8_lossy(&out.stdout);
+        link.contains("master br0") && link.contains(",UP")
+    });
+    // SAFETY: kill(2) on the daemon this test started.
+    unsafe { libc::kill(d.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(d.wait().unwrap().success());
+    let d = start("nobr0");
+    let out = d.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("adding tap vtap0 to bridge nobr0") && err.contains("ip link add nobr0 type bridge"),
+        "{err}"
+    );
+}
+
+/// docs/monitoring: the alerting rules pass `promtool check rules` and their unit tests
+/// (`promtool test rules`), every query of the Grafana dashboard is valid PromQL (checked as
+/// recording rules), and every metric either names is one docs/interface.md lists.
+#[test]
+fn monitoring_rules_and_dashboard_check_out() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring");
+    let rules = std::fs::read_to_string(dir.join("dpaa-vnic.rules.yml")).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("grafana-dashboard.json")).unwrap()).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 10, "{} queries", exprs.len());
+    // The dashboard's variables, as Grafana fills them in.
+    let queries: Vec<String> = exprs
+        .iter()
+        .map(|e| e.replace("$__rate_interval", "5m").replace("$port", ".*"))
+        .collect();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/interface.md")).unwrap();
+    let mut undocumented = Vec::new();
+    for text in queries.iter().chain([&rules]) {
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if (word.starts_with("dpaa_vnic_") || word.starts_with("process_"))
+                && !doc.contains(&format!("`{word}`"))
+            {
+                undocumented.push(word.to_string());
+            }
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/interface.md: {undocumented:?}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let recording: String = queries
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            format!(
+                "      - record: dashboard:query_{i}\n        expr: {}\n",
+                serde_json::json!(q)
+            )
+        })
+        .collect();
+    let as_rules = tmp.path().join("dashboard.rules.yml");
+    std::fs::write(
+        &as_rules,
+        format!("groups:\n  - name: dashboard\n    rules:\n{recording}"),
+    )
+    .unwrap();
+    for args in [
+        vec!["check", "rules", "dpaa-vnic.rules.yml"],
+        vec!["test", "rules", "dpaa-vnic.rules.test.yml"],
+        vec!["check", "rules", as_rules.to_str().unwrap()],
+    ] {
+        let out = match Command::new("promtool").args(&args).current_dir(&dir).output() {
+            Ok(o) => o,
+            Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
+                eprintln!("NOT CHECKED: promtool ({e}); scripts/provision installs it");
+                return;
+            }
+            Err(e) => panic!("promtool: {e} (scripts/provision installs the prometheus package)"),
+        };
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Prometheus's own linter (`promtool check metrics`: HELP and TYPE present, counters

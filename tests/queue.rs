@@ -58,6 +58,7 @@ fn limits(frame_max: usize) -> BatchLimits {
         frame_max,
         chains: 256,
         walk: 8192,
+        quiet: false,
     }
 }
 
@@ -68,6 +69,7 @@ fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain>
         frame_max: buf.len(),
         chains: 1,
         walk: 8192,
+        quiet: false,
     };
     pop_tx_batch(q, m, HDR, buf, lim, &mut batch).unwrap();
     batch.pop().map(|s| s.chain)
@@ -125,6 +127,42 @@ fn tx_chain_with_gaps_is_gathered_in_order() {
     assert_eq!(n, HDR + 100);
     assert_eq!(&buf[HDR..n], &f[..]);
     assert!(pop_tx(&mut q, &m, &mut buf).is_none());
+}
+
+/// The used ring's flags (its first two bytes).
+fn used_flags(m: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>) -> u16 {
+    m.read_obj(vq.used_addr()).unwrap()
+}
+
+/// Poll mode: a batch tells the driver not to kick (VRING_USED_F_NO_NOTIFY), again after
+/// the ring was started anew (the flags cleared), and leaves the flags alone with
+/// EVENT_IDX, where the driver does not read them.
+#[test]
+fn a_polled_batch_quiets_the_driver() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let polled = BatchLimits {
+        quiet: true,
+        ..limits(2048)
+    };
+    assert_eq!(used_flags(&m, &vq), 0);
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, polled, &mut batch).unwrap();
+    assert!(batch.is_empty());
+    assert_eq!(used_flags(&m, &vq), 1, "NO_NOTIFY, though the ring was empty");
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, polled, &mut batch).unwrap();
+    assert_eq!(used_flags(&m, &vq), 1);
+    m.write_obj(0u16, vq.used_addr()).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, polled, &mut batch).unwrap();
+    assert_eq!(used_flags(&m, &vq), 1, "quieted again");
+    m.write_obj(0u16, vq.used_addr()).unwrap();
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(2048), &mut batch).unwrap();
+    assert_eq!(used_flags(&m, &vq), 0, "kicked mode leaves it to the event loop");
+    q.set_event_idx(true);
+    pop_tx_batch(&mut q, &m, HDR, &mut buf, polled, &mut batch).unwrap();
+    assert_eq!(used_flags(&m, &vq), 0, "EVENT_IDX: not read by the driver");
 }
 
 #[test]

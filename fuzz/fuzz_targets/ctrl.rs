@@ -13,7 +13,7 @@ use dpaa_vnic::device::NicState;
 use dpaa_vnic::wire::MacAddr;
 use libfuzzer_sys::fuzz_target;
 
-const LAYOUTS: [Layout; 4] = [Layout::Memac, Layout::Dtsec, Layout::DtsecExtended, Layout::Exact];
+const LAYOUTS: [Layout; 5] = [Layout::Memac, Layout::Dtsec, Layout::DtsecExtended, Layout::Tgec, Layout::Exact];
 const MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0xd0, 0xaa, 1]);
 /// A UDP/IPv4 frame to steer after each command.
 const UDP: [u8; 42] = [
@@ -24,15 +24,16 @@ const UDP: [u8; 42] = [
 thread_local! {
     /// One register file per layout, reused: `NicState::new` clears it (a device reset), so
     /// each input starts from an empty filter without allocating 64 Ki slots again.
-    static REGS: [Arc<FilterRegs>; 4] = LAYOUTS.map(|l| Arc::new(FilterRegs::new(l, MAC)));
+    static REGS: [Arc<FilterRegs>; 5] = LAYOUTS.map(|l| Arc::new(FilterRegs::new(l, MAC)));
 }
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, mut rest)) = data.split_first() else {
         return;
     };
-    let layout = LAYOUTS[usize::from(sel & 3)];
-    let regs = REGS.with(|r| r[usize::from(sel & 3)].clone());
+    let pick = usize::from(sel) % LAYOUTS.len();
+    let layout = LAYOUTS[pick];
+    let regs = REGS.with(|r| r[pick].clone());
     let mut n = NicState::new(MAC, 4, regs.clone(), 64);
     let feat = Negotiated { bits: offered(4) };
     // Commands separated by a 16-bit length.

@@ -94,6 +94,7 @@ fuzz_target!(|data: &[u8]| {
         frame_max: 65_600,
         chains: 256,
         walk: 8192,
+        quiet: false,
     };
     for _ in 0..common::QSIZE {
         let mut arena = Arena::new(&mut buf);

@@ -12,6 +12,7 @@ pub mod client;
 pub mod metrics;
 pub mod metrics_server;
 pub mod present;
+pub mod qemu_args;
 pub mod qmp;
 pub mod server;
 pub mod version;

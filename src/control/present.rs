@@ -287,7 +287,7 @@ mod tests {
                 "ctrl_commands": 0
             }],
             "totals": {"rx_packets": rx, "tx_packets": 3},
-            "version": 2
+            "version": 3
         })
     }
 

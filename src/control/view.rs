@@ -235,6 +235,17 @@ pub struct StatsView {
     pub clients_refused: RefusedView,
     /// Empty unless the daemon runs in poll mode.
     pub poll_threads: Vec<PollThreadView>,
+    /// The opt-in features in force, which decide the counters that can move.
+    pub features: FeaturesView,
+}
+
+/// The opt-in parts of the pipeline in force.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct FeaturesView {
+    /// Checksum actions configured (`--csum-action`, `ctl action add`).
+    pub csum_actions: usize,
+    /// Whether the router has interfaces (`--router-ip`).
+    pub router: bool,
 }
 
 fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
@@ -262,6 +273,13 @@ pub fn stats(d: &Daemon) -> StatsView {
         poll_threads: d.poll.as_ref().map_or_else(Vec::new, |g| {
             g.snapshot().into_iter().map(PollThreadView::from).collect()
         }),
+        features: {
+            let rules = d.switch.rules().load();
+            FeaturesView {
+                csum_actions: rules.actions().len(),
+                router: !rules.router.ifaces.is_empty(),
+            }
+        },
     };
     for p in &d.ports {
         let ps = match p {

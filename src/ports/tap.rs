@@ -3,7 +3,7 @@
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Weak};
 use std::thread;
@@ -81,6 +81,22 @@ pub enum TapError {
         #[source]
         source: io::Error,
     },
+    #[error("bringing tap {name} up (--tap-up)")]
+    Up {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "adding tap {name} to bridge {bridge} (--tap-bridge): the bridge must exist \
+         (`ip link add {bridge} type bridge`)"
+    )]
+    Bridge {
+        name: String,
+        bridge: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("spawning tap reader")]
     Spawn(#[source] io::Error),
     #[error("tap reader wake-up (eventfd, epoll)")]
@@ -92,6 +108,40 @@ struct IfReq {
     name: [u8; libc::IFNAMSIZ],
     flags: libc::c_short,
     _pad: [u8; 22],
+}
+
+/// `struct ifreq` with the interface index (SIOCBRADDIF).
+#[repr(C)]
+struct IfReqIndex {
+    name: [u8; libc::IFNAMSIZ],
+    index: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// Adds the interface whose index the request carries to the bridge it names
+/// (linux/sockios.h; the libc crate defines it for Android only).
+const SIOCBRADDIF: libc::Ioctl = 0x89a2;
+
+/// `name` as `ifr_name` wants it; `None` if it does not fit with its NUL.
+fn if_name(name: &str) -> Option<[u8; libc::IFNAMSIZ]> {
+    let mut n = [0u8; libc::IFNAMSIZ];
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return None;
+    }
+    n[..name.len()].copy_from_slice(name.as_bytes());
+    Some(n)
+}
+
+/// A socket for the interface ioctls (any family serves; IPv4 is always there).
+fn ifreq_socket() -> io::Result<File> {
+    // SAFETY: socket(2) with constant arguments; the descriptor it returns is owned by the
+    // File made from it here and by nothing else.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 pub struct TapPort {
@@ -111,8 +161,10 @@ pub struct TapPort {
 }
 
 fn raw_ioctl(f: &File, req: libc::Ioctl, arg: *const libc::c_void) -> io::Result<()> {
-    // SAFETY: `f` is an open tun fd and `arg` is what `req` expects: a pointer to a live IfReq
-    // or c_int that outlives the call, or (TUNSETOFFLOAD) the flags passed by value.
+    // SAFETY: `f` is an open tun fd or interface socket and `arg` is what `req` expects: a
+    // pointer to a live IfReq, IfReqIndex or c_int that outlives the call (and, for the
+    // requests that write into it, points at memory the caller may write), or
+    // (TUNSETOFFLOAD) the flags passed by value.
     if unsafe { libc::ioctl(f.as_raw_fd(), req, arg) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -156,6 +208,60 @@ fn tunsetiff_error(name: &str, multi_queue: bool, source: io::Error) -> TapError
 }
 
 impl TapPort {
+    /// `--tap-bridge` and `--tap-up`: adds the tap to bridge `bridge`, then brings it up,
+    /// as `ip link set NAME master BR up` would. Nothing when neither is asked for.
+    pub fn set_link(&self, up: bool, bridge: Option<&str>) -> Result<(), TapError> {
+        if !up && bridge.is_none() {
+            return Ok(());
+        }
+        let name = self.name.clone();
+        let up_err = |source| TapError::Up {
+            name: name.clone(),
+            source,
+        };
+        let sock = ifreq_socket().map_err(up_err)?;
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+        let own = if_name(&name).ok_or_else(|| up_err(invalid("not an interface name")))?;
+        if let Some(br) = bridge {
+            let bridge_err = |source| TapError::Bridge {
+                name: name.clone(),
+                bridge: br.to_string(),
+                source,
+            };
+            let br_name = if_name(br).ok_or_else(|| bridge_err(invalid("not an interface name")))?;
+            // SAFETY: `own` holds the name and its NUL (`if_name`), and outlives the call.
+            let index = unsafe { libc::if_nametoindex(own.as_ptr().cast()) };
+            let index = libc::c_int::try_from(index)
+                .ok()
+                .filter(|i| *i > 0)
+                .ok_or_else(|| bridge_err(io::Error::last_os_error()))?;
+            let req = IfReqIndex {
+                name: br_name,
+                index,
+                _pad: [0; 20],
+            };
+            raw_ioctl(&sock, SIOCBRADDIF, (&req as *const IfReqIndex).cast()).map_err(bridge_err)?;
+        }
+        let mut req = IfReq {
+            name: own,
+            flags: 0,
+            _pad: [0; 22],
+        };
+        raw_ioctl(
+            &sock,
+            libc::SIOCGIFFLAGS,
+            (&mut req as *mut IfReq).cast_const().cast(),
+        )
+        .map_err(up_err)?;
+        req.flags |= libc::IFF_UP as libc::c_short;
+        raw_ioctl(&sock, libc::SIOCSIFFLAGS, (&req as *const IfReq).cast()).map_err(up_err)?;
+        info!(
+            "tap {name}: up{}",
+            bridge.map(|b| format!(", in bridge {b}")).unwrap_or_default()
+        );
+        Ok(())
+    }
+
     /// Opens (creating if needed) tap `name` with `queues` queues in the current network
     /// namespace.
     /// With `csum` off the tap exchanges only complete checksums: the kernel finishes its

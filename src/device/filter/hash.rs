@@ -1,4 +1,4 @@
-//! Bucket selection of the two FMan MACs, bit for bit as their drivers program them.
+//! Bucket selection of the FMan MACs, bit for bit as their Linux drivers program them.
 
 use super::layout::Layout;
 use crate::wire::MacAddr;
@@ -56,6 +56,12 @@ pub fn bucket(layout: Layout, mac: &MacAddr) -> Option<usize> {
             Some(if mac.is_multicast() { 256 + b } else { b })
         }
         Layout::DtsecExtended => mac.is_multicast().then(|| (dtsec_crc(mac) >> 23) as usize),
+        // fman_tgec.c `tgec_add_hash_mac_address`: crc32_le from all ones over the six
+        // octets, bitrev32, then (crc >> 23) & 0x1ff; unicast is refused. The same buckets
+        // as the dTSEC's extended mode (older trees folded the address as the mEMAC does).
+        Layout::Tgec => mac
+            .is_multicast()
+            .then(|| ((dtsec_crc(mac) >> 23) & 0x1ff) as usize),
     }
 }
 
@@ -64,7 +70,7 @@ pub fn bucket_count(layout: Layout) -> usize {
     match layout {
         Layout::Exact => 0,
         Layout::Memac => 64,
-        Layout::Dtsec | Layout::DtsecExtended => 512,
+        Layout::Dtsec | Layout::DtsecExtended | Layout::Tgec => 512,
     }
 }
 
@@ -97,5 +103,11 @@ mod tests {
         assert_eq!(bucket(Layout::Memac, &m("52:54:00:12:34:56")), None);
         assert_eq!(bucket(Layout::Memac, &m("01:00:5e:01:02:03")), Some(29));
         assert_eq!(bucket(Layout::Exact, &m("01:00:5e:01:02:03")), None);
+        assert_eq!(bucket(Layout::Tgec, &m("01:00:5e:00:00:01")), Some(255));
+        assert_eq!(
+            bucket(Layout::Tgec, &m("33:33:00:00:00:01")),
+            Some(0xf99b_aaba >> 23)
+        );
+        assert_eq!(bucket(Layout::Tgec, &m("52:54:00:12:34:56")), None);
     }
 }

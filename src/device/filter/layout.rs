@@ -16,10 +16,13 @@ pub enum Layout {
     Dtsec,
     /// 1G dTSEC, extended mode: 512 multicast buckets; unicast only in exact registers.
     DtsecExtended,
+    /// 10G TGEC: 512 multicast buckets (the dTSEC's CRC, its top 9 bits); no exact
+    /// registers besides the station address, so any other unicast address opens unicast.
+    Tgec,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("unknown filter layout {0:?}: expected exact, memac, dtsec or dtsec-ext")]
+#[error("unknown filter layout {0:?}: expected exact, memac, dtsec, dtsec-ext or tgec")]
 pub struct LayoutError(pub String);
 
 impl FromStr for Layout {
@@ -31,6 +34,7 @@ impl FromStr for Layout {
             "memac" => Ok(Layout::Memac),
             "dtsec" => Ok(Layout::Dtsec),
             "dtsec-ext" => Ok(Layout::DtsecExtended),
+            "tgec" => Ok(Layout::Tgec),
             _ => Err(LayoutError(s.to_string())),
         }
     }
@@ -43,6 +47,7 @@ impl fmt::Display for Layout {
             Layout::Memac => "memac",
             Layout::Dtsec => "dtsec",
             Layout::DtsecExtended => "dtsec-ext",
+            Layout::Tgec => "tgec",
         })
     }
 }

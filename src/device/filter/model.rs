@@ -22,6 +22,16 @@ use crate::wire::MacAddr;
 
 /// Exact-match address registers for unicast besides the station address (the mEMAC has 7).
 pub const UNICAST_EXACT: usize = 7;
+
+/// Unicast addresses besides the station's a layout can hold: none on the TGEC, whose
+/// driver has no exact registers to put them in (Linux then makes the port promiscuous for
+/// unicast, as this model does).
+fn unicast_exact(layout: Layout) -> usize {
+    match layout {
+        Layout::Tgec => 0,
+        _ => UNICAST_EXACT,
+    }
+}
 /// Default `--exact-limit`: multicast entries the exact layout keeps before allmulti.
 pub const DEFAULT_EXACT_LIMIT: usize = 4096;
 
@@ -156,7 +166,7 @@ impl Filter {
             f |= F_MC_OVERFLOW;
         }
         if self.hw.layout != Layout::Dtsec
-            && (self.uc.len() > UNICAST_EXACT || self.hw.missing[List::Unicast as usize] > 0)
+            && (self.uc.len() > unicast_exact(self.hw.layout) || self.hw.missing[List::Unicast as usize] > 0)
         {
             f |= F_UC_OVERFLOW;
         }
@@ -452,6 +462,42 @@ mod tests {
         assert_eq!(f.stats().table_refused, 1);
     }
 
+    /// The TGEC hashes multicast into the dTSEC's extended buckets and holds no unicast
+    /// besides the station's: one more unicast address opens unicast (as Linux's dpaa
+    /// driver, without IFF_UNICAST_FLT, makes the port promiscuous), and closing it again
+    /// filters once more.
+    #[test]
+    fn tgec_hashes_multicast_and_opens_unicast_for_a_second_address() {
+        let mut t = filter(Layout::Tgec, 100);
+        let mut d = filter(Layout::DtsecExtended, 100);
+        for f in [&mut t, &mut d] {
+            f.set_mode(RxMode {
+                promisc: false,
+                ..RxMode::default()
+            });
+        }
+        let groups: Vec<MacAddr> = (0..40u8).map(|i| MacAddr([0x01, 0, 0x5e, 0, 1, i])).collect();
+        t.sync(&[], &groups);
+        d.sync(&[], &groups);
+        for b in 0..MAX_BUCKETS {
+            assert_eq!(t.regs().bucket_set(b), d.regs().bucket_set(b), "bucket {b}");
+        }
+        let stranger = MacAddr([0x52, 0x54, 0, 9, 9, 9]);
+        assert_eq!(t.regs().classify(&stranger), Verdict::Reject);
+        let second = MacAddr([0x52, 0x54, 0, 1, 1, 1]);
+        t.sync(&[second], &groups);
+        assert!(t.view().uc_overflow);
+        assert_eq!(t.regs().classify(&stranger), Verdict::Accept);
+        d.sync(&[second], &groups);
+        assert!(
+            !d.view().uc_overflow,
+            "the dTSEC-ext keeps it in an exact register"
+        );
+        t.sync(&[], &groups);
+        assert!(!t.view().uc_overflow);
+        assert_eq!(t.regs().classify(&stranger), Verdict::Reject);
+    }
+
     /// Found by fuzz target ctrl: an address the driver lists as unicast and as multicast
     /// has one exact-table entry. Dropping it from one list removed the entry while the
     /// other still held it, and frames to it became hash false positives.
@@ -595,7 +641,7 @@ mod tests {
         /// equals one built from scratch from the final state, in every layout.
         #[test]
         fn incremental_equals_from_scratch(ops in proptest::collection::vec(op(), 1..30)) {
-            for layout in [Layout::Exact, Layout::Memac, Layout::Dtsec, Layout::DtsecExtended] {
+            for layout in [Layout::Exact, Layout::Memac, Layout::Dtsec, Layout::DtsecExtended, Layout::Tgec] {
                 let mut inc = filter(layout, 12);
                 let (mut uc, mut mcl, mut mode, mut station) =
                     (Vec::new(), Vec::new(), RxMode::default(), MacAddr([0x52, 0x54, 0, 0, 0, 1]));

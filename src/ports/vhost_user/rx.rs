@@ -116,6 +116,7 @@ impl RxSide {
             steering: &steering,
             mem: &mem,
             offloads: self.offloads.load(Ordering::Relaxed),
+            hash_report: rx.feat.hash_report(),
             ready: QueueReady::default(),
             held: None,
             run: RxRun::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf()),
@@ -145,6 +146,8 @@ struct RxWriter<'w, 'm> {
     mem: &'m GuestMemoryMmap,
     /// The receive offloads in force (GUEST_* bits).
     offloads: u64,
+    /// Whether the driver wants each frame's hash in its header (HASH_REPORT).
+    hash_report: bool,
     ready: QueueReady,
     /// The queue being written, if any.
     held: Option<Held<'w, 'm>>,
@@ -165,8 +168,8 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         // RSS: the flow hash picks the queue (one flow, one queue); hashing is skipped
         // when there is one queue and nobody wants the hash reported.
         let queues = self.rx.vrings.len();
-        let steered = (queues > 1 || self.rx.feat.hash_report())
-            .then(|| self.steering.steer_by(&pkt.layers(), pkt.frame));
+        let steered =
+            (queues > 1 || self.hash_report).then(|| self.steering.steer_by(&pkt.layers(), pkt.frame));
         let mut q = steered.map_or(0, |s| s.queue % queues);
         // Queue 0 is the fallback anyway: its ring's state is checked once, when written.
         if q != 0 && !self.ready.is_ready(q, || queue_usable(&self.rx.vrings[q])) {
@@ -350,7 +353,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
             // DATA_VALID from an action or the host's tap is not this guest's to see.
             out.flags = 0;
         }
-        if let (true, Some(s)) = (self.rx.feat.hash_report(), steered) {
+        if let (true, Some(s)) = (self.hash_report, steered) {
             out.hash_value = s.hash;
             out.hash_report = s.report;
         }

@@ -262,7 +262,10 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// The rings of `q`; `None` when the queue is not started (virtio-queue's
     /// `QueueNotReady`: not ready, or no avail ring yet).
     pub fn new(q: &Queue, mem: &'m M) -> Option<Self> {
-        if !q.ready() || q.avail_ring() == 0 || q.size() == 0 {
+        // virtio-queue takes only sizes that are powers of two (`try_set_size`), as a split
+        // ring's must be (virtio 1.2, 2.7): positions are then taken modulo the size with a
+        // mask, not a division. Checked here all the same, where the mask is relied on.
+        if !q.ready() || q.avail_ring() == 0 || !q.size().is_power_of_two() {
             return None;
         }
         let size = q.size();
@@ -309,7 +312,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// The head of the chain at avail position `pos` (taken modulo the ring size).
     #[inline]
     pub fn head(&self, pos: u16) -> Result<u16, RingError> {
-        let off = 4 + 2 * u64::from(pos % self.size);
+        let off = 4 + 2 * u64::from(pos & (self.size - 1));
         self.avail
             .load_u16(self.mem(), off, Ordering::Acquire)
             .map_err(RingError)
@@ -333,7 +336,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         if head >= self.size {
             return Err(RingError(QueueError::InvalidDescriptorIndex));
         }
-        let off = 4 + 8 * u64::from(pos % self.size);
+        let off = 4 + 8 * u64::from(pos & (self.size - 1));
         self.used
             .write_used(self.mem(), off, u32::from(head), len)
             .map_err(RingError)
@@ -342,6 +345,28 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// Publishes the used index: every element written before it is the driver's. A release
     /// store, as virtio-queue's `add_used` makes (virtio 1.2, 2.7.8: the device updates the
     /// ring before the index).
+    /// Tells the driver it need not kick (poll mode): VRING_USED_F_NO_NOTIFY in the used
+    /// ring's flags, stored only when they do not say so already, so that a busy poll
+    /// visit reads the line and leaves it shared with the driver's CPU. A ring started anew
+    /// has them cleared, and is quieted again on its first visit. With EVENT_IDX the driver
+    /// reads the avail event instead and there is nothing to do, as virtio-queue 0.18's
+    /// `disable_notification` does nothing then.
+    pub fn quiet_driver(&self, event_idx: bool) -> Result<(), RingError> {
+        if event_idx {
+            return Ok(());
+        }
+        let flags = self
+            .used
+            .load_u16(self.mem(), 0, Ordering::Relaxed)
+            .map_err(RingError)?;
+        if flags & USED_F_NO_NOTIFY == 0 {
+            self.used
+                .store_u16(self.mem(), 0, flags | USED_F_NO_NOTIFY, Ordering::Relaxed)
+                .map_err(RingError)?;
+        }
+        Ok(())
+    }
+
     pub fn publish_used(&self, idx: u16) -> Result<(), RingError> {
         self.used
             .store_u16(self.mem(), 2, idx, Ordering::Release)
@@ -376,6 +401,9 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
 
 /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// VRING_USED_F_NO_NOTIFY in the used ring's flags.
+const USED_F_NO_NOTIFY: u16 = 1;
 
 /// [`SplitRing::wants_interrupt`] for `q`, whose used index was just published with
 /// `added` new entries; false for a queue that is not started.

@@ -85,7 +85,7 @@ impl TxWorker {
                     // Notifications stay off: the worker comes back by itself.
                     break 'wake Burst::More;
                 }
-                if self.fill_arena(tx, vring, &mem, &mut spent)? == 0 {
+                if self.fill_arena(tx, vring, &mem, &mut spent, mode)? == 0 {
                     break;
                 }
             }
@@ -96,11 +96,6 @@ impl TxWorker {
                 break Burst::Done;
             }
         };
-        if spent.chains > 0 && mode == Mode::Polled {
-            // The driver need not kick a queue that is polled: VRING_USED_F_NO_NOTIFY,
-            // written again after each busy burst in case the ring was started anew.
-            vring.disable_notification().map_err(RingError)?;
-        }
         if spent.chains > 0 && self::wants_interrupt(vring, &mem, spent.chains)? {
             tx.port.health.signal(vring, 2 * tx.pair + 1);
         }
@@ -117,6 +112,7 @@ impl TxWorker {
         vring: &Vring,
         mem: &GuestMemoryMmap,
         spent: &mut Spent,
+        mode: Mode,
     ) -> Result<usize, RingError> {
         let TxWorker {
             arena,
@@ -142,6 +138,9 @@ impl TxWorker {
                 frame_max: TX_BUF,
                 chains: (TX_BUDGET - spent.chains).min(OUTBOX_FRAMES - popped),
                 walk: TX_WALK_BUDGET - spent.walked,
+                // A polled queue's driver need not kick: checked once per batch, in case
+                // the ring was started anew, and written only if it changes.
+                quiet: mode == Mode::Polled,
             };
             // One short hold of the ring's lock per batch: it is not held while the frames
             // go to other ports.

@@ -43,6 +43,8 @@ pub struct BatchLimits {
     pub chains: usize,
     /// Descriptors to walk at most, over the whole batch.
     pub walk: usize,
+    /// Poll mode: the driver is told not to kick ([`SplitRing::quiet_driver`]).
+    pub quiet: bool,
 }
 
 /// Copies up to `limits.chains` available TX chains into `buf`, back to back, each given at
@@ -63,6 +65,9 @@ pub fn pop_tx_batch<M: GuestMemory>(
     let Some(ring) = SplitRing::new(q, mem) else {
         return Ok(());
     };
+    if limits.quiet {
+        ring.quiet_driver(q.event_idx_enabled())?;
+    }
     let first = q.next_avail();
     let avail = ring.avail_idx(first)?;
     let max = limits.chains.min(TX_BATCH);
