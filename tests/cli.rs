@@ -595,15 +595,18 @@ fn the_tap_comes_up_in_its_bridge() {
     ip(&["-n", &ns, "link", "add", "br0", "type", "bridge"]);
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("a.sock");
+    // Killed when dropped, so that a failed check leaves no daemon behind.
     let start = |bridge: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", &ns, BIN, "--socket"])
-            .arg(&sock)
-            .args(["--tap", "vtap0", "--tap-bridge", bridge])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        Daemon(
+            Command::new("ip")
+                .args(["netns", "exec", &ns, BIN, "--socket"])
+                .arg(&sock)
+                .args(["--tap", "vtap0", "--tap-bridge", bridge])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
     };
     let mut d = start("br0");
     wait_until("the tap up in br0", || {
@@ -616,12 +619,13 @@ fn the_tap_comes_up_in_its_bridge() {
         link.contains("master br0") && link.contains(",UP")
     });
     // SAFETY: kill(2) on the daemon this test started.
-    unsafe { libc::kill(d.id() as libc::pid_t, libc::SIGTERM) };
-    assert!(d.wait().unwrap().success());
-    let d = start("nobr0");
-    let out = d.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    unsafe { libc::kill(d.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(d.0.wait().unwrap().success());
+    let mut d = start("nobr0");
+    let status = d.0.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut d.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains("adding tap vtap0 to bridge nobr0") && err.contains("ip link add nobr0 type bridge"),
         "{err}"
