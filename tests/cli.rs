@@ -546,14 +546,13 @@ fn qemu_args_libvirt_pieces_make_a_valid_domain() {
                 file.to_str().unwrap(),
             ],
         ] {
-            let out = match Command::new(cmd[0]).args(&cmd[1..]).output() {
-                Ok(o) => o,
-                Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
-                    eprintln!("NOT CHECKED: {} ({e}); scripts/provision installs it", cmd[0]);
-                    return;
-                }
-                Err(e) => panic!("{}: {e} (scripts/provision installs libvirt-clients)", cmd[0]),
+            let Some(child) = provisioned(
+                Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()),
+                "libvirt-clients",
+            ) else {
+                return;
             };
+            let out = child.wait_with_output().unwrap();
             assert!(
                 out.status.success(),
                 "{cmd:?} {args:?}:\n{domain}\n{}{}",
@@ -693,14 +692,16 @@ fn monitoring_rules_and_dashboard_check_out() {
         vec!["test", "rules", "dpaa-vnic.rules.test.yml"],
         vec!["check", "rules", as_rules.to_str().unwrap()],
     ] {
-        let out = match Command::new("promtool").args(&args).current_dir(&dir).output() {
-            Ok(o) => o,
-            Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
-                eprintln!("NOT CHECKED: promtool ({e}); scripts/provision installs it");
-                return;
-            }
-            Err(e) => panic!("promtool: {e} (scripts/provision installs the prometheus package)"),
+        let Some(child) = provisioned(
+            Command::new("promtool")
+                .args(&args)
+                .current_dir(&dir)
+                .stdin(Stdio::null()),
+            PROMTOOL,
+        ) else {
+            return;
         };
+        let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
             "promtool {args:?}: {}{}",
@@ -710,24 +711,39 @@ fn monitoring_rules_and_dashboard_check_out() {
     }
 }
 
+/// Where scripts/provision gets promtool from.
+const PROMTOOL: &str = "the prometheus package";
+
+/// Starts `cmd`, a tool scripts/provision installs from `package`, with its output piped.
+/// Missing, it is `None` and the check says
+/// NOT CHECKED on a bare `cargo test`; scripts/test sets VNIC_REQUIRE_TOOLS, and there a
+/// missing tool fails the test.
+fn provisioned(cmd: &mut Command, package: &str) -> Option<Child> {
+    match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
+            eprintln!(
+                "NOT CHECKED: {:?} ({e}); scripts/provision installs {package}",
+                cmd.get_program()
+            );
+            None
+        }
+        Err(e) => panic!(
+            "{:?}: {e} (scripts/provision installs {package})",
+            cmd.get_program()
+        ),
+    }
+}
+
 /// Prometheus's own linter (`promtool check metrics`: HELP and TYPE present, counters
 /// named `_total`, base units) on a scrape. scripts/provision installs it and scripts/test
 /// sets VNIC_REQUIRE_TOOLS, so there it must run; a bare `cargo test` without it says so.
 fn promtool_lint(text: &str) {
     use std::io::Write;
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) if std::env::var_os("VNIC_REQUIRE_TOOLS").is_none() => {
-            eprintln!("NOT CHECKED: promtool ({e}); scripts/provision installs it");
-            return;
-        }
-        Err(e) => panic!("promtool: {e} (scripts/provision installs the prometheus package)"),
+    let mut cmd = Command::new("promtool");
+    cmd.args(["check", "metrics"]).stdin(Stdio::piped());
+    let Some(mut child) = provisioned(&mut cmd, PROMTOOL) else {
+        return;
     };
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
