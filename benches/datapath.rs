@@ -94,6 +94,7 @@ fn bench_queues(c: &mut Criterion) {
                         chains: 256,
                         walk: 8192,
                         quiet: false,
+                        one_desc: true,
                     };
                     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits, &mut batch).unwrap();
                     if batch.is_empty() {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dpaa_vnic::pipeline::fdb::FdbCache;
 use dpaa_vnic::pipeline::router::Neighbours;
 use dpaa_vnic::pipeline::router::{Resolution, RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
@@ -85,6 +86,7 @@ fn forward_from_port0(b: &mut criterion::Bencher<'_>, sw: &Switch, tally: &Tally
         queue: 0,
         tally,
         routes: &mut routes,
+        fdb: &mut FdbCache::default(),
         originated: &mut originated,
     };
     let mut frame = template.to_vec();
@@ -122,6 +124,7 @@ fn bench_forward(c: &mut Criterion) {
                 queue: 0,
                 tally: &tally,
                 routes: &mut routes,
+                fdb: &mut FdbCache::default(),
                 originated: &mut originated,
             };
             forward_one(&sw, &mut from1, &mut bufs, &mut hello);
@@ -196,6 +199,7 @@ fn bench_routed(c: &mut Criterion) {
         queue: 0,
         tally: &tally,
         routes: &mut routes,
+        fdb: &mut FdbCache::default(),
         originated: &mut originated,
     };
     let mut first = template.clone();

@@ -176,7 +176,14 @@ impl Tally {
     /// past the last goes to `stray`).
     #[inline]
     pub fn at(&self, port: usize, queue: usize) -> &QueueStats {
-        let i = port * self.queues + queue % self.queues;
+        // A queue index is nearly always below the count: no division then (a `div` costs
+        // tens of cycles, and this runs several times per frame).
+        let queue = if queue < self.queues {
+            queue
+        } else {
+            queue % self.queues
+        };
+        let i = port * self.queues + queue;
         match self.blocks.get(i) {
             Some(b) if i + 1 < self.blocks.len() => b,
             _ => {
@@ -397,12 +404,15 @@ const OCTAVES: usize = 40;
 #[derive(Debug)]
 pub struct Histogram {
     buckets: Vec<Counter>,
+    /// Every value recorded, added up.
+    sum: Counter,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
         Histogram {
             buckets: (0..SUB * (OCTAVES + 1)).map(|_| Counter::default()).collect(),
+            sum: Counter::default(),
         }
     }
 }
@@ -429,6 +439,27 @@ impl Histogram {
 
     pub fn record(&self, ns: u64) {
         self.buckets[Self::index(ns)].inc();
+        self.sum.add(ns);
+    }
+
+    /// Cumulative counts at the bounds `le_ns` (ascending), as a Prometheus histogram
+    /// exports them. A value is counted at the first bound at or above the top of its
+    /// bucket, so never below its own value and at most a quarter above it.
+    pub fn buckets(&self, le_ns: &'static [u64]) -> Buckets {
+        let counts: Vec<u64> = self.buckets.iter().map(Counter::get).collect();
+        let cumulative = le_ns
+            .iter()
+            .map(|&b| {
+                let within = counts.iter().enumerate().filter(|(i, _)| Self::upper(*i) <= b);
+                within.map(|(_, c)| c).sum()
+            })
+            .collect();
+        Buckets {
+            le_ns,
+            cumulative,
+            count: counts.iter().sum(),
+            sum_ns: self.sum.get(),
+        }
     }
 
     /// The value below which a fraction `q` of the recorded values lie, to within a quarter
@@ -449,6 +480,18 @@ impl Histogram {
         }
         Self::upper(counts.len() - 1)
     }
+}
+
+/// A [`Histogram`] read at fixed bounds ([`Histogram::buckets`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Buckets {
+    /// The bounds, in ns, ascending.
+    pub le_ns: &'static [u64],
+    /// Values at or below each bound.
+    pub cumulative: Vec<u64>,
+    /// Values recorded, and their sum.
+    pub count: u64,
+    pub sum_ns: u64,
 }
 
 /// Quantiles of a [`Histogram`], as `ctl stats` shows them.

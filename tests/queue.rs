@@ -59,6 +59,7 @@ fn limits(frame_max: usize) -> BatchLimits {
         chains: 256,
         walk: 8192,
         quiet: false,
+        one_desc: true,
     }
 }
 
@@ -70,6 +71,7 @@ fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain>
         chains: 1,
         walk: 8192,
         quiet: false,
+        one_desc: true,
     };
     pop_tx_batch(q, m, HDR, buf, lim, &mut batch).unwrap();
     batch.pop().map(|s| s.chain)

@@ -34,3 +34,11 @@ pub fn queue(data: &[u8]) -> Option<(GuestMemoryMmap, Queue)> {
     q.set_ready(true);
     Some((m, q))
 }
+
+/// Every byte of the guest memory [`queue`] made.
+#[allow(dead_code)] // not every target compares memories
+pub fn bytes(m: &GuestMemoryMmap) -> Vec<u8> {
+    let mut b = vec![0u8; MEM];
+    let _ = m.read_slice(&mut b, GuestAddress(0));
+    b
+}

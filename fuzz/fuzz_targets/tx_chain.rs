@@ -1,7 +1,8 @@
 //! Transmit: whatever chains a guest posts, copied out and sent through the switch with the
 //! router, a checksum action, RSS steering and software segmentation on the way. Invariants: a chain
 //! walks at most MAX_FRAME_DESCS + 1 descriptors, and every frame a port is handed is an
-//! Ethernet frame (segments included).
+//! Ethernet frame (segments included). First, the one-descriptor lane copies, returns and
+//! counts what the general walk does on a copy of the same ring.
 #![no_main]
 
 mod common;
@@ -9,6 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use dpaa_vnic::device::rss::Steering;
+use dpaa_vnic::pipeline::fdb::FdbCache;
 use dpaa_vnic::pipeline::gso;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable};
 use dpaa_vnic::pipeline::rules::Rules;
@@ -19,6 +21,7 @@ use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, 
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
+use virtio_queue::QueueT;
 
 /// A port that checks what it is given; `segments`: it takes no GSO, so frames are cut.
 /// Each frame is steered (RSS) over four queues, as a guest port's RX path does.
@@ -77,13 +80,53 @@ fn switch() -> Arc<Switch> {
     sw
 }
 
+/// Pops every batch of a ring built from `data` with the lane and, from a second copy,
+/// without it: the same batches, bytes, positions and memory.
+fn lane_matches_walk(data: &[u8], limits: BatchLimits) {
+    let (Some((m1, mut q1)), Some((m2, mut q2))) = (common::queue(data), common::queue(data)) else {
+        return;
+    };
+    let (mut b1, mut b2) = (vec![0u8; 0x2_0000], vec![0u8; 0x2_0000]);
+    let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let general = BatchLimits {
+        one_desc: false,
+        ..limits
+    };
+    for _ in 0..common::QSIZE {
+        let a = pop_tx_batch(&mut q1, &m1, 12, &mut b1, limits, &mut s1);
+        let b = pop_tx_batch(&mut q2, &m2, 12, &mut b2, general, &mut s2);
+        assert_eq!(format!("{a:?} {s1:?}"), format!("{b:?} {s2:?}"));
+        assert!(b1 == b2, "the lane copied other bytes");
+        assert_eq!(
+            (q1.next_avail(), q1.next_used()),
+            (q2.next_avail(), q2.next_used())
+        );
+        if a.is_err() || s1.is_empty() {
+            break;
+        }
+    }
+    assert!(common::bytes(&m1) == common::bytes(&m2));
+}
+
 fuzz_target!(|data: &[u8]| {
+    lane_matches_walk(
+        data,
+        BatchLimits {
+            frame_max: 0x1000,
+            chains: 256,
+            walk: 8192,
+            quiet: false,
+            one_desc: true,
+        },
+    );
     let Some((m, mut q)) = common::queue(data) else {
         return;
     };
     let sw = switch();
     let tally = sw.tallies().register();
-    let (mut routes, mut originated, mut bufs) = (RouteCache::default(), Vec::new(), OutboxBuffers::default());
+    let (mut routes, mut originated, mut bufs) =
+        (RouteCache::default(), Vec::new(), OutboxBuffers::default());
     // The chains popped in batches as the workers do, back to back into an arena: each
     // chain's walk stays bounded, a batch never holds more than TX_BATCH, every chain of it
     // lies within the arena where the ones before it end, and its frames go through the
@@ -95,6 +138,7 @@ fuzz_target!(|data: &[u8]| {
         chains: 256,
         walk: 8192,
         quiet: false,
+        one_desc: true,
     };
     for _ in 0..common::QSIZE {
         let mut arena = Arena::new(&mut buf);
@@ -104,6 +148,7 @@ fuzz_target!(|data: &[u8]| {
             queue: 0,
             tally: &tally,
             routes: &mut routes,
+            fdb: &mut FdbCache::default(),
             originated: &mut originated,
         };
         if pop_tx_batch(&mut q, &m, 12, arena.room(), limits, &mut batch).is_err() || batch.is_empty() {

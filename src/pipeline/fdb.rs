@@ -9,6 +9,11 @@
 //! random set under another. Each port may hold at most `limit` entries, so a guest that
 //! floods random source addresses fills its own share, not the table: other ports'
 //! stations stay learned and their traffic is not flooded to the flooder.
+//!
+//! Every write bumps a generation. A worker keeps the last source it learned and the last
+//! destination it looked up, with the generation they were true at ([`FdbCache`]): a
+//! stream of frames between two stations then costs one load per frame, not two keyed
+//! hashes and their probes.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -43,6 +48,8 @@ pub struct Fdb {
     /// racing for one slot can leave a count off by one until the entry changes again.
     held: Box<[AtomicUsize]>,
     limit: usize,
+    /// Bumped after every change of an entry (never in the steady state).
+    generation: AtomicU64,
 }
 
 impl Default for Fdb {
@@ -59,6 +66,7 @@ impl Fdb {
             key: RandomState::new(),
             held: (0..ports.max(1)).map(|_| AtomicUsize::new(0)).collect(),
             limit,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -109,8 +117,22 @@ impl Fdb {
         }
     }
 
+    /// Changes since the table was made: what a worker's [`FdbCache`] is checked against.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Records that `mac` was seen on `port`. Multicast sources are never learned.
     pub fn learn(&self, mac: &MacAddr, port: usize) -> Learned {
+        let learned = self.learn_entry(mac, port);
+        if matches!(learned, Learned::New | Learned::Moved) {
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        learned
+    }
+
+    fn learn_entry(&self, mac: &MacAddr, port: usize) -> Learned {
         if mac.is_multicast() || port >= self.held.len().min(0xffff) {
             return Learned::Known;
         }
@@ -155,9 +177,96 @@ impl Fdb {
     }
 }
 
+/// What one worker last learned and looked up, true while the table's generation stays
+/// the one it was found at. Owned by the worker: no sharing, no atomics but the
+/// generation's load.
+#[derive(Debug, Default)]
+pub struct FdbCache {
+    /// Generation + 1 the entries below were found at (0: none yet).
+    generation: u64,
+    /// The last source learned: MAC as in [`MacAddr::as_u64`], and its port.
+    src: Option<(u64, usize)>,
+    /// The last destination looked up, and what the table said.
+    dst: Option<(u64, Option<usize>)>,
+}
+
+impl FdbCache {
+    /// Forgets what the table no longer says.
+    #[inline]
+    fn sync(&mut self, fdb: &Fdb) {
+        let now = fdb.generation().wrapping_add(1);
+        if self.generation != now {
+            self.generation = now;
+            self.src = None;
+            self.dst = None;
+        }
+    }
+
+    /// [`Fdb::learn`], skipped when `mac` on `port` is what this worker learned last and
+    /// nothing changed since: the table would say `Known` and write nothing.
+    #[inline]
+    pub fn learn(&mut self, fdb: &Fdb, mac: &MacAddr, port: usize) -> Learned {
+        self.sync(fdb);
+        let key = mac.as_u64();
+        if self.src == Some((key, port)) {
+            return Learned::Known;
+        }
+        let learned = fdb.learn(mac, port);
+        if learned != Learned::Refused {
+            // Taken after the learn: a change it made is in the generation.
+            self.sync(fdb);
+            self.src = Some((key, port));
+        }
+        learned
+    }
+
+    /// [`Fdb::lookup`], answered from the last look-up when it was for `mac` and nothing
+    /// changed since.
+    #[inline]
+    pub fn lookup(&mut self, fdb: &Fdb, mac: &MacAddr) -> Option<usize> {
+        self.sync(fdb);
+        let key = mac.as_u64();
+        if let Some((k, port)) = self.dst {
+            if k == key {
+                return port;
+            }
+        }
+        let port = fdb.lookup(mac);
+        self.dst = Some((key, port));
+        port
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_s_cache_answers_as_the_table_does() {
+        let f = Fdb::new(3, 16);
+        let (mut c, mut other) = (FdbCache::default(), FdbCache::default());
+        let a: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let b: MacAddr = "52:54:00:00:00:02".parse().unwrap();
+        assert_eq!(c.lookup(&f, &b), None);
+        assert_eq!(c.learn(&f, &a, 0), Learned::New);
+        assert_eq!(c.learn(&f, &a, 0), Learned::Known);
+        let at = f.generation();
+        assert_eq!(c.learn(&f, &a, 0), Learned::Known);
+        assert_eq!(f.generation(), at, "the steady state writes nothing");
+        // Another worker learns b: this worker's cached miss for b is gone.
+        assert_eq!(other.learn(&f, &b, 1), Learned::New);
+        assert_eq!(c.lookup(&f, &b), Some(1));
+        // a moves to port 2 through the other worker: this one learns it back.
+        assert_eq!(other.learn(&f, &a, 2), Learned::Moved);
+        assert_eq!(c.lookup(&f, &a), Some(2));
+        assert_eq!(c.learn(&f, &a, 0), Learned::Moved);
+        assert_eq!(other.lookup(&f, &a), Some(0));
+        // A refused learn is not remembered as learned.
+        let tiny = Fdb::new(1, 0);
+        let mut t = FdbCache::default();
+        assert_eq!(t.learn(&tiny, &a, 0), Learned::Refused);
+        assert_eq!(t.learn(&tiny, &a, 0), Learned::Refused);
+    }
 
     #[test]
     fn learn_lookup_move() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use log::trace;
 
 use super::csum_action::{self, ActionVerdict, Dir};
-use super::fdb::{Fdb, Learned, DEFAULT_PORT_LIMIT};
+use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
 use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports};
 use super::packet::Packet;
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
@@ -23,6 +23,8 @@ pub struct Ingress<'a> {
     pub queue: usize,
     pub tally: &'a Tally,
     pub routes: &'a mut RouteCache,
+    /// The worker's last source learned and destination looked up.
+    pub fdb: &'a mut FdbCache,
     /// A frame the router originates: an ARP or ND answer or request, an ICMP error.
     pub originated: &'a mut Vec<u8>,
 }
@@ -167,7 +169,7 @@ impl Switch {
             return Forwarded::Dropped;
         };
         let (mut dst, smac): (MacAddr, MacAddr) = (eth.dst(), eth.src());
-        if self.fdb.learn(&smac, src) == Learned::Refused {
+        if from.fdb.learn(&self.fdb, &smac, src) == Learned::Refused {
             // Still forwarded; replies to it are flooded until an entry of the port's
             // changes.
             from.stats().fdb_refused.inc();
@@ -188,7 +190,7 @@ impl Switch {
             }
         }
         if dst.is_unicast() {
-            if let Some(to) = self.fdb.lookup(&dst) {
+            if let Some(to) = from.fdb.lookup(&self.fdb, &dst) {
                 // A routed packet may leave by the port it came in on (both subnets there).
                 if to == src && !routed {
                     return Forwarded::Dropped;
@@ -352,6 +354,7 @@ mod tests {
         sw: &'a Switch,
         tally: TallyHandle,
         routes: RouteCache,
+        fdb: FdbCache,
         originated: Vec<u8>,
         outbox: OutboxBuffers,
     }
@@ -362,6 +365,7 @@ mod tests {
                 sw,
                 tally: sw.tallies().register(),
                 routes: RouteCache::default(),
+                fdb: FdbCache::default(),
                 originated: Vec::new(),
                 outbox: OutboxBuffers::default(),
             }
@@ -375,6 +379,7 @@ mod tests {
                 queue: 0,
                 tally: &self.tally,
                 routes: &mut self.routes,
+                fdb: &mut self.fdb,
                 originated: &mut self.originated,
             };
             let rules = self.sw.rules().load();

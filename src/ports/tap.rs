@@ -16,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::arena::Arena;
 use crate::logging::WarnLimiter;
+use crate::pipeline::fdb::FdbCache;
 use crate::pipeline::gso;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::{Egress, Frame, Ingress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
@@ -396,6 +397,7 @@ impl TapPort {
         };
         let mut buf = vec![0u8; ARENA];
         let mut routes = RouteCache::default();
+        let mut fdb = FdbCache::default();
         let mut originated = Vec::new();
         let mut outbox = OutboxBuffers::default();
         let tally = switch.tallies().register();
@@ -406,6 +408,7 @@ impl TapPort {
                 queue: q,
                 tally: &tally,
                 routes: &mut routes,
+                fdb: &mut fdb,
                 originated: &mut originated,
             };
             let mut out = switch.outbox(&tally, &mut outbox);

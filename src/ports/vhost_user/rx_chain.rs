@@ -8,7 +8,8 @@ use arrayvec::ArrayVec;
 use thiserror::Error;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+use vm_memory::bitmap::BitmapSlice;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN, HDR_LEN_HASH, HDR_LEN_LEGACY};
@@ -46,6 +47,8 @@ pub struct RxRun {
     avail: Option<u16>,
     /// The used index when the run wrote its first entry.
     first_used: Option<u16>,
+    /// Whether a frame may take the one-descriptor lane ([`RxRun::push_one_desc`]).
+    one_desc: bool,
     /// The chains of the frame being written, kept here rather than on the stack of each
     /// push: they hold room for the worst case, and are never zeroed.
     chains: RxChains,
@@ -61,8 +64,16 @@ impl RxRun {
             walked: 0,
             avail: None,
             first_used: None,
+            one_desc: true,
             chains: RxChains::new(),
         }
+    }
+
+    /// The same run with every frame written by the general walk: what the one-descriptor
+    /// lane is checked against (tests/queue.rs, fuzz target `rx_chain`).
+    pub fn general_only(mut self) -> Self {
+        self.one_desc = false;
+        self
     }
 
     /// Starts the next run, of the same queue or another with the same features: nothing
@@ -93,6 +104,9 @@ impl RxRun {
         frame: &[u8],
     ) -> Result<u16, RxError> {
         self.first_used.get_or_insert(q.next_used());
+        if self.one_desc && self.push_one_desc(q, ring, hdr, frame)? {
+            return Ok(1);
+        }
         let pos = self.take_chains(q, ring, frame.len())?;
         let (hdr_len, rx) = (self.hdr_len, &self.chains);
         let used = rx.chains.len();
@@ -116,6 +130,56 @@ impl RxRun {
         q.set_next_avail(pos);
         q.set_next_used(first.wrapping_add(used as u16));
         Ok(used as u16)
+    }
+
+    /// The usual frame, written without the general walk: the next chain is one
+    /// device-writable descriptor (no NEXT, no INDIRECT) that holds the header and the whole
+    /// frame in one memory region, as DPDK's virtio-user and Linux's virtio-net (with
+    /// mergeable or big buffers of a page or more) post them. What it writes, returns and
+    /// counts is what the general walk would (tests/queue.rs checks the two on random
+    /// rings). Returns false, having changed nothing but the avail index it read, when the
+    /// chain is anything else; errors are the ones the general walk would give first.
+    #[inline]
+    fn push_one_desc<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        hdr: &VirtioNetHdr,
+        frame: &[u8],
+    ) -> Result<bool, RxError> {
+        let pos = q.next_avail();
+        let avail = self.avail.get_or_insert(pos);
+        if pos == *avail {
+            *avail = ring.avail_idx(pos).map_err(RxError::Ring)?;
+            if pos == *avail {
+                return Err(RxError::NoBuffers);
+            }
+        }
+        let (hdr_len, total) = (self.hdr_len, self.hdr_len + frame.len());
+        let head = ring.head(pos).map_err(RxError::Ring)?;
+        let Some(d) = ring.descriptor(head) else {
+            return Ok(false);
+        };
+        if d.has_next() || d.refers_to_indirect_table() || !d.is_write_only() || (d.len() as usize) < total {
+            return Ok(false);
+        }
+        let Some(buf) = ring.buffers().slice(d.addr(), total) else {
+            return Ok(false);
+        };
+        let Ok(body) = buf.offset(hdr_len) else {
+            return Ok(false);
+        };
+        let mut h = *hdr;
+        h.num_buffers = 1;
+        update_header(&buf, &h.to_bytes()[..hdr_len]);
+        body.copy_from(frame);
+        let first = q.next_used();
+        // Within the descriptor's u32 length.
+        ring.put_used(first, head, total as u32).map_err(RxError::Ring)?;
+        self.walked += 1;
+        q.set_next_avail(pos.wrapping_add(1));
+        q.set_next_used(first.wrapping_add(1));
+        Ok(true)
     }
 
     /// Takes the chains a frame of `len` bytes needs, from `next_avail` on, into
@@ -391,30 +455,38 @@ fn update_guest<M: GuestMemory>(
     src: &[u8],
     at: GuestAddress,
 ) -> Result<(), GuestMemoryError> {
-    // The three header sizes (virtio 1.2, 5.1.6), each compared at its own fixed size: a
-    // compare the compiler inlines, with no memcmp or memset call per frame.
-    match src.len() {
-        HDR_LEN_LEGACY => update_fixed::<HDR_LEN_LEGACY, M>(mem, src, at),
-        HDR_LEN => update_fixed::<HDR_LEN, M>(mem, src, at),
-        HDR_LEN_HASH => update_fixed::<HDR_LEN_HASH, M>(mem, src, at),
-        _ => write_guest(mem, src, at),
+    match mem.slice(at, src.len()) {
+        Some(s) => {
+            update_header(&s, src);
+            Ok(())
+        }
+        None => mem.mem().write_slice(src, at),
     }
 }
 
-/// [`update_guest`] for a header of `N` bytes.
+/// Stores `src` at the start of `s` (at least as long) unless those bytes hold it already.
 #[inline(always)]
-fn update_fixed<const N: usize, M: GuestMemory>(
-    mem: &GuestBuffers<'_, M>,
-    src: &[u8],
-    at: GuestAddress,
-) -> Result<(), GuestMemoryError> {
-    let (Some(s), Ok(want)) = (mem.slice(at, N), <&[u8; N]>::try_from(src)) else {
-        return write_guest(mem, src, at);
+fn update_header<B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
+    // The three header sizes (virtio 1.2, 5.1.6), each compared at its own fixed size: a
+    // compare the compiler inlines, with no memcmp or memset call per frame.
+    match src.len() {
+        HDR_LEN_LEGACY => update_fixed::<HDR_LEN_LEGACY, B>(s, src),
+        HDR_LEN => update_fixed::<HDR_LEN, B>(s, src),
+        HDR_LEN_HASH => update_fixed::<HDR_LEN_HASH, B>(s, src),
+        _ => s.copy_from(src),
+    }
+}
+
+/// [`update_header`] for a header of `N` bytes.
+#[inline(always)]
+fn update_fixed<const N: usize, B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
+    let Ok(want) = <&[u8; N]>::try_from(src) else {
+        s.copy_from(src);
+        return;
     };
     let mut now = [0u8; N];
     s.copy_to(&mut now);
     if &now != want {
         s.copy_from(src);
     }
-    Ok(())
 }

@@ -318,6 +318,16 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
             .map_err(RingError)
     }
 
+    /// The descriptor at `index` of the ring's own table (not an indirect one); `None` when
+    /// the index is past the table or the descriptor cannot be read.
+    #[inline]
+    pub fn descriptor(&self, index: u16) -> Option<Descriptor> {
+        if index >= self.size {
+            return None;
+        }
+        self.desc.read_desc(self.mem(), u64::from(index) * DESC_SIZE).ok()
+    }
+
     /// The descriptors of the chain starting at `head`.
     pub fn chain(&self, head: u16) -> Chain<'_, 'm, M> {
         Chain {

@@ -14,6 +14,7 @@ use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, Vring
 use super::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
 use crate::device::features::Negotiated;
 use crate::logging::error_chain;
+use crate::pipeline::fdb::FdbCache;
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::outbox::OUTBOX_FRAMES;
 use crate::pipeline::router::RouteCache;
@@ -39,6 +40,7 @@ pub(super) struct TxWorker {
     arena: Vec<u8>,
     batch: ArrayVec<TxSlot, TX_BATCH>,
     routes: RouteCache,
+    fdb: FdbCache,
     originated: Vec<u8>,
     outbox: OutboxBuffers,
 }
@@ -64,6 +66,19 @@ struct Spent {
 impl Spent {
     fn exhausted(&self) -> bool {
         self.chains >= TX_BUDGET || self.walked >= TX_WALK_BUDGET
+    }
+
+    /// What the next batch may take, `popped` chains into the current outbox.
+    fn next_batch(&self, popped: usize, mode: Mode) -> BatchLimits {
+        BatchLimits {
+            frame_max: TX_BUF,
+            chains: (TX_BUDGET - self.chains).min(OUTBOX_FRAMES - popped),
+            walk: TX_WALK_BUDGET - self.walked,
+            // A polled queue's driver need not kick: checked once per batch, in case the
+            // ring was started anew, and written only if it changes.
+            quiet: mode == Mode::Polled,
+            one_desc: true,
+        }
     }
 }
 
@@ -118,6 +133,7 @@ impl TxWorker {
             arena,
             batch,
             routes,
+            fdb,
             originated,
             outbox,
         } = self;
@@ -129,19 +145,13 @@ impl TxWorker {
             queue: tx.pair,
             tally: tx.tally,
             routes,
+            fdb,
             originated,
         };
         let stats = tx.tally.at(tx.port.id, tx.pair);
         let mut popped = 0;
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
-            let limits = BatchLimits {
-                frame_max: TX_BUF,
-                chains: (TX_BUDGET - spent.chains).min(OUTBOX_FRAMES - popped),
-                walk: TX_WALK_BUDGET - spent.walked,
-                // A polled queue's driver need not kick: checked once per batch, in case
-                // the ring was started anew, and written only if it changes.
-                quiet: mode == Mode::Polled,
-            };
+            let limits = spent.next_batch(popped, mode);
             // One short hold of the ring's lock per batch: it is not held while the frames
             // go to other ports.
             pop_tx_batch(

@@ -45,6 +45,9 @@ pub struct BatchLimits {
     pub walk: usize,
     /// Poll mode: the driver is told not to kick ([`SplitRing::quiet_driver`]).
     pub quiet: bool,
+    /// Whether a chain of one descriptor may take the lane that skips the general walk
+    /// ([`copy_one_desc`]); false only where the lane is checked against the walk.
+    pub one_desc: bool,
 }
 
 /// Copies up to `limits.chains` available TX chains into `buf`, back to back, each given at
@@ -80,7 +83,10 @@ pub fn pop_tx_batch<M: GuestMemory>(
         let head = ring.head(pos)?;
         pos = pos.wrapping_add(1);
         let room = &mut buf[start..start + limits.frame_max];
-        let t = copy_chain(head, ring.chain(head), ring.buffers(), hdr_len, room);
+        let t = match limits.one_desc.then(|| copy_one_desc(&ring, head, hdr_len, room)) {
+            Some(Some(t)) => t,
+            _ => copy_chain(head, ring.chain(head), ring.buffers(), hdr_len, room),
+        };
         walked += t.walked;
         let next = start + t.result.as_ref().map_or(0, |n| *n);
         out.push(TxSlot { start, chain: t });
@@ -98,6 +104,30 @@ pub fn pop_tx_batch<M: GuestMemory>(
         q.set_next_used(end);
     }
     Ok(())
+}
+
+/// The usual chain, copied without the general walk: one driver-readable descriptor (no
+/// NEXT, no INDIRECT, not device-writable) holding the header and a frame that fit in `buf`,
+/// in one memory region. The result is the one [`copy_chain`] gives for it (tests/queue.rs
+/// checks the two on random rings); `None`, having read only, for anything else.
+#[inline]
+fn copy_one_desc<M: GuestMemory>(
+    ring: &SplitRing<'_, M>,
+    head: u16,
+    hdr_len: usize,
+    buf: &mut [u8],
+) -> Option<TxChain> {
+    let d = ring.descriptor(head)?;
+    let len = d.len() as usize;
+    if d.has_next() || d.refers_to_indirect_table() || d.is_write_only() || len > buf.len() || len < hdr_len {
+        return None;
+    }
+    ring.buffers().slice(d.addr(), len)?.copy_to(&mut buf[..len]);
+    Some(TxChain {
+        head,
+        result: Ok(len),
+        walked: 1,
+    })
 }
 
 /// Copies one TX chain into `buf` (header first).
