@@ -12,8 +12,9 @@ use std::time::Duration;
 use super::bounded::Limits;
 use super::view::{self, FeaturesView, FilterView, StatsView};
 use super::view::{Daemon, PollThreadView, PortFilter, SnoopView};
+use crate::device::features::Attachment;
 use crate::device::filter::regs::FilterStats;
-use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
+use crate::stats::{Buckets, ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 
 /// A request head: its size, and how long a client has to send it whole.
 pub const HEAD_LIMITS: Limits = Limits {
@@ -46,7 +47,9 @@ struct Family {
     name: String,
     kind: &'static str,
     help: &'static str,
-    samples: Vec<(String, String)>,
+    /// Suffix of the sample's name (a histogram's `_bucket`, `_sum`, `_count`), labels,
+    /// value.
+    samples: Vec<(&'static str, String, String)>,
 }
 
 /// The families of one scrape, in the order they first appear.
@@ -55,6 +58,18 @@ struct Exposition(Vec<Family>);
 
 impl Exposition {
     fn sample(&mut self, name: &str, kind: &'static str, help: &'static str, labels: &str, value: String) {
+        self.sample_of(name, "", kind, help, labels, value);
+    }
+
+    fn sample_of(
+        &mut self,
+        name: &str,
+        suffix: &'static str,
+        kind: &'static str,
+        help: &'static str,
+        labels: &str,
+        value: String,
+    ) {
         let name = format!("dpaa_vnic_{name}");
         let i = match self.0.iter().position(|f| f.name == name) {
             Some(i) => i,
@@ -68,7 +83,7 @@ impl Exposition {
                 self.0.len() - 1
             }
         };
-        self.0[i].samples.push((labels.to_string(), value));
+        self.0[i].samples.push((suffix, labels.to_string(), value));
     }
 
     /// A counter, renamed to the base unit (seconds) where it counts nanoseconds.
@@ -110,16 +125,31 @@ impl Exposition {
         self.sample(name, "gauge", help, labels, v.to_string());
     }
 
+    /// A histogram of nanoseconds, exported in seconds: `_bucket` per bound and `+Inf`,
+    /// `_sum`, `_count`.
+    fn histogram(&mut self, name: &str, help: &'static str, labels: &str, b: &Buckets) {
+        let secs = |ns: u64| Duration::from_nanos(ns).as_secs_f64().to_string();
+        let kind = "histogram";
+        for (le, n) in b.le_ns.iter().zip(&b.cumulative) {
+            let l = format!("{labels},le=\"{}\"", secs(*le));
+            self.sample_of(name, "_bucket", kind, help, &l, n.to_string());
+        }
+        let inf = format!("{labels},le=\"+Inf\"");
+        self.sample_of(name, "_bucket", kind, help, &inf, b.count.to_string());
+        self.sample_of(name, "_sum", kind, help, labels, secs(b.sum_ns));
+        self.sample_of(name, "_count", kind, help, labels, b.count.to_string());
+    }
+
     fn text(self) -> String {
         let mut out = String::new();
         for f in self.0 {
             let _ = writeln!(out, "# HELP {} {}", f.name, f.help.trim());
             let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
-            for (labels, v) in f.samples {
+            for (suffix, labels, v) in f.samples {
                 if labels.is_empty() {
-                    let _ = writeln!(out, "{} {v}", f.name);
+                    let _ = writeln!(out, "{}{suffix} {v}", f.name);
                 } else {
-                    let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
+                    let _ = writeln!(out, "{}{suffix}{{{labels}}} {v}", f.name);
                 }
             }
         }
@@ -178,6 +208,17 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         });
         // A tap has no control queue, no vhost-user connection and no DPAA filter.
         x.counters_where(&p.ctrl, CtrlSnapshot::HELP, &port, |_| !tap);
+        // Only the device attachment's control queue is answered here: QEMU answers the
+        // net attachment's.
+        let answers = &p.ctrl_answer_buckets;
+        if answers.count > 0 || (!tap && p.attachment != Some(Attachment::Net)) {
+            x.histogram(
+                "ctrl_answer_seconds",
+                "Seconds the daemon took from taking a control command off the guest's ring to putting its answer in the used ring (device attachment).",
+                &port,
+                answers,
+            );
+        }
         x.counters_where(&p.conn, ConnSnapshot::HELP, &port, |_| !tap);
         x.counters_where(&p.filter, FilterStats::HELP, &port, |_| !tap);
         if let Some(s) = &p.snoop {
@@ -285,7 +326,7 @@ fn process_metrics(x: &mut Exposition) {
             name: name.to_string(),
             kind,
             help,
-            samples: vec![(String::new(), v)],
+            samples: vec![("", String::new(), v)],
         });
     };
     if let (Some(u), Some(s), true) = (field(14), field(15), hz > 0) {
@@ -567,6 +608,13 @@ mod tests {
                     ..Default::default()
                 },
                 ctrl_answer: Default::default(),
+                ctrl_answer_buckets: {
+                    let h = crate::stats::Histogram::default();
+                    for ns in [800, 3_000, 2_000_000] {
+                        h.record(ns);
+                    }
+                    h.buckets(view::ANSWER_BUCKETS_NS)
+                },
                 conn: ConnSnapshot {
                     rings_broken: 1,
                     ..Default::default()
@@ -615,6 +663,7 @@ mod tests {
         tap.ctrl = CtrlSnapshot::default();
         tap.conn = ConnSnapshot::default();
         tap.filter = FilterStats::default();
+        tap.ctrl_answer_buckets = Default::default();
         view.ports[0].totals.tx_spoofed = 4;
         view.ports.push(tap);
         let text = render(&view, &filter_view());
@@ -636,6 +685,7 @@ mod tests {
             "ctrl_commands_total",
             "rings_broken_total",
             "filter_syncs_total",
+            "ctrl_answer_seconds_bucket",
         ] {
             assert!(
                 !text.contains(&format!("dpaa_vnic_{absent}{{{tap}")),
@@ -695,6 +745,16 @@ mod tests {
                 view::REVISION
             ),
             "# TYPE dpaa_vnic_connected gauge\n".to_string(),
+            // 800 ns, 3 us and 2 ms, each at the first bound at or above its bucket's top.
+            "# TYPE dpaa_vnic_ctrl_answer_seconds histogram\n".to_string(),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"0.000001\"}} 1\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"0.0000025\"}} 1\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"0.000005\"}} 2\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"0.001\"}} 2\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"0.0025\"}} 3\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_bucket{{{port},le=\"+Inf\"}} 3\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_sum{{{port}}} 0.0020038\n"),
+            format!("dpaa_vnic_ctrl_answer_seconds_count{{{port}}} 3\n"),
         ] {
             assert!(text.contains(&want), "{want} missing from\n{text}");
         }
