@@ -118,9 +118,16 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
     #[test]
-    fn reads_and_returns_chains_as_virtio_queue_does(l in layout()) {
+    fn reads_and_returns_chains_as_virtio_queue_does(l in layout(), used_start in any::<u16>()) {
         let (m1, mut q1) = build(&l);
         let (m2, mut q2) = build(&l);
+        // Returned from anywhere in the ring: a run that wraps past its end. The used index
+        // in memory says the ring was used that far.
+        let used_so_far = |m: &GuestMemoryMmap| m.write_obj(u16::to_le(used_start), GuestAddress(USED + 2)).unwrap();
+        q1.set_next_used(used_start);
+        q2.set_next_used(used_start);
+        used_so_far(&m1);
+        used_so_far(&m2);
 
         // virtio-queue: every available chain, then each returned with its length.
         let theirs: Result<Vec<(u16, Seen)>, _> = q1
