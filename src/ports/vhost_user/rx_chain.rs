@@ -70,7 +70,7 @@ impl RxRun {
     }
 
     /// The same run with every frame written by the general walk: what the one-descriptor
-    /// lane is checked against (tests/queue.rs, fuzz target `rx_chain`).
+    /// lane is checked against (tests/ring.rs, fuzz target `rx_chain`).
     pub fn general_only(mut self) -> Self {
         self.one_desc = false;
         self
@@ -136,7 +136,7 @@ impl RxRun {
     /// device-writable descriptor (no NEXT, no INDIRECT) that holds the header and the whole
     /// frame in one memory region, as DPDK's virtio-user and Linux's virtio-net (with
     /// mergeable or big buffers of a page or more) post them. What it writes, returns and
-    /// counts is what the general walk would (tests/queue.rs checks the two on random
+    /// counts is what the general walk would (tests/ring.rs checks the two on random
     /// rings). Returns false, having changed nothing but the avail index it read, when the
     /// chain is anything else; errors are the ones the general walk would give first.
     #[inline]

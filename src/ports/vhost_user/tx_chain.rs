@@ -108,7 +108,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
 
 /// The usual chain, copied without the general walk: one driver-readable descriptor (no
 /// NEXT, no INDIRECT, not device-writable) holding the header and a frame that fit in `buf`,
-/// in one memory region. The result is the one [`copy_chain`] gives for it (tests/queue.rs
+/// in one memory region. The result is the one [`copy_chain`] gives for it (tests/ring.rs
 /// checks the two on random rings); `None`, having read only, for anything else.
 #[inline]
 fn copy_one_desc<M: GuestMemory>(
