@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::bounded::Limits;
 use super::view::{self, FeaturesView, FilterView, StatsView};
-use super::view::{Daemon, PollThreadView, PortFilter, SnoopView};
+use super::view::{Daemon, PollThreadView, PortFilter, PortStats, SnoopView};
 use crate::device::features::Attachment;
 use crate::device::filter::regs::FilterStats;
 use crate::stats::{Buckets, ConnSnapshot, CtrlSnapshot, QueueSnapshot};
@@ -157,6 +157,21 @@ impl Exposition {
     }
 }
 
+/// The control-queue answer times of port `p`, where the daemon answers them: only the
+/// device attachment's control queue is answered here (QEMU answers the net attachment's,
+/// and a tap has none).
+fn ctrl_answers(x: &mut Exposition, p: &PortStats, port: &str) {
+    let answers = &p.ctrl_answer_buckets;
+    if answers.count > 0 || (p.kind != "tap" && p.attachment != Some(Attachment::Net)) {
+        x.histogram(
+            "ctrl_answer_seconds",
+            "Seconds the daemon took from taking a control command off the guest's ring to putting its answer in the used ring (device attachment).",
+            port,
+            answers,
+        );
+    }
+}
+
 /// Renders every queue counter as `dpaa_vnic_<name>_total{port,port_name,kind,queue}`, every
 /// port counter (control queue, connection, filter sync) as
 /// `dpaa_vnic_<name>_total{port,port_name,kind}`, the ports' state as gauges, and
@@ -208,17 +223,7 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
         });
         // A tap has no control queue, no vhost-user connection and no DPAA filter.
         x.counters_where(&p.ctrl, CtrlSnapshot::HELP, &port, |_| !tap);
-        // Only the device attachment's control queue is answered here: QEMU answers the
-        // net attachment's.
-        let answers = &p.ctrl_answer_buckets;
-        if answers.count > 0 || (!tap && p.attachment != Some(Attachment::Net)) {
-            x.histogram(
-                "ctrl_answer_seconds",
-                "Seconds the daemon took from taking a control command off the guest's ring to putting its answer in the used ring (device attachment).",
-                &port,
-                answers,
-            );
-        }
+        ctrl_answers(&mut x, p, &port);
         x.counters_where(&p.conn, ConnSnapshot::HELP, &port, |_| !tap);
         x.counters_where(&p.filter, FilterStats::HELP, &port, |_| !tap);
         if let Some(s) = &p.snoop {
