@@ -212,9 +212,11 @@ impl FdbCache {
             return Learned::Known;
         }
         let learned = fdb.learn(mac, port);
-        if learned != Learned::Refused {
-            // Taken after the learn: a change it made is in the generation.
-            self.sync(fdb);
+        // Kept only when the table already said so, at the generation read before the
+        // learn: any change since (another worker moving the station away included) is
+        // after that read, and clears it. After a write of its own the next frame asks the
+        // table once more, and finds it `Known`.
+        if learned == Learned::Known {
             self.src = Some((key, port));
         }
         learned
