@@ -14,6 +14,6 @@ pub mod rules;
 pub mod source_lock;
 pub mod switch;
 
-pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames};
+pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames, RUN_FRAMES};
 pub use packet::Packet;
 pub use switch::{Ingress, Switch};

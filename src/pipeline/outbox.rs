@@ -25,6 +25,9 @@ use crate::wire::VirtioNetHdr;
 /// never waits for a whole burst.
 pub const OUTBOX_FRAMES: usize = 64;
 
+/// Most frames of one run of the burst path ([`Egress::write_plain`]): what an outbox holds.
+pub const RUN_FRAMES: usize = OUTBOX_FRAMES;
+
 /// Bytes of copies an outbox holds before it is written out: bounds what a worker keeps
 /// for floods of large frames.
 const COPY_BYTES: usize = 256 * 1024;
@@ -48,6 +51,15 @@ pub trait Egress: Send + Sync {
     /// `tally`; a port that must cut a GSO frame builds the segments in `segment`. Returns
     /// how many frames (or segments) were delivered.
     fn write(&self, tally: &Tally, frames: &mut PortFrames<'_, '_>, segment: &mut Vec<u8>) -> usize;
+
+    /// The burst path (`Switch::write_run`): admits and writes `frames`, which came in on
+    /// queue `flow`, each with a header that asks for nothing, counting in `tally`. A port
+    /// that cannot take them so (the default, or for now: several queues, a hash asked
+    /// for) returns `None` having done nothing, and they are queued as the switch queues
+    /// any frame. Returns how many were delivered.
+    fn write_plain(&self, _tally: &Tally, _flow: usize, _frames: &mut [&mut [u8]]) -> Option<usize> {
+        None
+    }
 }
 
 /// The ports an outbox writes to, by id: the switch's, each plugged in once at start-up.

@@ -4,17 +4,18 @@
 
 use std::sync::Arc;
 
+use arrayvec::ArrayVec;
 use log::trace;
 
 use super::csum_action::{self, ActionVerdict, Dir};
 use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
-use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports};
+use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, RUN_FRAMES};
 use super::packet::Packet;
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{QueueStats, Tallies, Tally};
-use crate::wire::{EthernetFrame, MacAddr, VirtioNetHdr};
+use crate::wire::{ethernet, EthernetFrame, MacAddr, VirtioNetHdr};
 
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
 /// counters, its route cache, the buffer the router builds its own frames in).
@@ -53,6 +54,8 @@ pub struct Switch {
     neigh: Neighbours,
     rules: LiveRules,
     tallies: Arc<Tallies>,
+    /// Whether plain frames may take the burst path ([`Switch::plain_destination`]).
+    burst: bool,
 }
 
 /// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
@@ -88,7 +91,15 @@ impl Switch {
             neigh: Neighbours::new(rules.nports(), DEFAULT_NEIGH_LIMIT),
             tallies: Tallies::new(rules.nports(), queues),
             rules: LiveRules::new(rules),
+            burst: true,
         }
+    }
+
+    /// The same switch with every frame forwarded by the general path: what the burst path
+    /// is checked against (tests/burst.rs).
+    pub fn general_only(mut self) -> Self {
+        self.burst = false;
+        self
     }
 
     /// Each port may hold at most `limit` learned addresses (`--fdb-limit`).
@@ -205,6 +216,73 @@ impl Switch {
         Forwarded::Flooded
     }
 
+    /// Whether frames from port `src` may take the burst path under `rules`: no ingress
+    /// action on `src`, no router. Asked once per batch.
+    pub fn burst_from(&self, rules: &Rules, src: usize) -> bool {
+        self.burst && !rules.router.enabled() && rules.actions_for(src, Dir::Ingress).is_empty()
+    }
+
+    /// The burst path's question for a frame from `from` whose header asks for nothing
+    /// (the caller checked it, and [`Switch::burst_from`]): the port it goes to, when that
+    /// is one learned port other than its own, attached, without egress actions. The
+    /// source is then learned, as [`Switch::forward`] learns it, and the frame is the
+    /// caller's to hand to [`Switch::write_run`]. `None`: nothing was done, and the frame
+    /// takes [`Switch::forward`].
+    ///
+    /// The destination is looked up before the source is learned, where `forward` learns
+    /// first: with the two addresses different (checked), a learn changes only the
+    /// source's own entry, so the answer is the same.
+    #[inline]
+    pub fn plain_destination(&self, rules: &Rules, from: &mut Ingress<'_>, frame: &[u8]) -> Option<usize> {
+        let (dst, smac) = (MacAddr::from_slice(frame)?, MacAddr::from_slice(frame.get(6..)?)?);
+        if frame.len() < ethernet::HEADER_LEN || !dst.is_unicast() || dst == smac {
+            return None;
+        }
+        let src = from.port;
+        let to = from.fdb.lookup(&self.fdb, &dst)?;
+        if to == src || self.port(to).is_none() || !rules.actions_for(to, Dir::Egress).is_empty() {
+            return None;
+        }
+        if from.fdb.learn(&self.fdb, &smac, src) == Learned::Refused {
+            from.stats().fdb_refused.inc();
+        }
+        Some(to)
+    }
+
+    /// Writes a run of frames [`Switch::plain_destination`] sent to port `to`, after what
+    /// `out` holds (so a port gets its frames in the order they came). A port that cannot
+    /// take them this way ([`Egress::write_plain`]) has them queued in `out` as `forward`
+    /// would have queued them.
+    fn write_run<'a>(
+        &self,
+        rules: &Rules,
+        from: &Ingress<'_>,
+        to: usize,
+        frames: &mut ArrayVec<&'a mut [u8], RUN_FRAMES>,
+        out: &mut Outbox<'a>,
+    ) {
+        let Some(port) = self.port(to) else {
+            frames.clear();
+            return;
+        };
+        if !out.is_empty() {
+            out.flush();
+        }
+        if port.write_plain(from.tally, from.queue, frames).is_some() {
+            frames.clear();
+            return;
+        }
+        for f in frames.drain(..) {
+            self.unicast(
+                rules,
+                out,
+                to,
+                from.queue,
+                Packet::new(VirtioNetHdr::default(), f),
+            );
+        }
+    }
+
     /// The router's part: what to do with the frame next ([`Step`]). A frame the router
     /// originates is queued here, and the step is then `Done`.
     fn route(
@@ -303,6 +381,43 @@ impl Switch {
         out.copy(to, flow, adm, pkt, |copy| {
             actions.is_empty() || apply(actions, copy, stats)
         });
+    }
+}
+
+/// The frames the burst path sends to one port, in the order they came
+/// ([`Switch::plain_destination`]), lent from the worker's arena as an outbox holds its
+/// frames: written ([`Switch::write_run`]) when a frame goes to another port or by the
+/// general path, when full, and when the worker is done with the rules it took them under
+/// or with its arena.
+#[derive(Default)]
+pub struct Run<'a> {
+    to: usize,
+    frames: ArrayVec<&'a mut [u8], RUN_FRAMES>,
+}
+
+impl<'a> Run<'a> {
+    /// Adds `frame`, for port `to`, writing the frames before it first if they go elsewhere.
+    pub fn push(
+        &mut self,
+        switch: &Switch,
+        rules: &Rules,
+        from: &Ingress<'_>,
+        to: usize,
+        frame: &'a mut [u8],
+        out: &mut Outbox<'a>,
+    ) {
+        if self.to != to || self.frames.is_full() {
+            self.write(switch, rules, from, out);
+            self.to = to;
+        }
+        self.frames.push(frame);
+    }
+
+    /// Writes the run's frames, if any.
+    pub fn write(&mut self, switch: &Switch, rules: &Rules, from: &Ingress<'_>, out: &mut Outbox<'a>) {
+        if !self.frames.is_empty() {
+            switch.write_run(rules, from, self.to, &mut self.frames, out);
+        }
     }
 }
 

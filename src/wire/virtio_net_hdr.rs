@@ -102,6 +102,15 @@ impl VirtioNetHdr {
         b
     }
 
+    /// Whether the header of a transmitted frame, as bytes, asks for nothing: no flag, no
+    /// GSO, no offsets (the fields before num_buffers all zero). Its num_buffers and hash
+    /// fields do not matter: a receiver's header gets its own. DPDK's virtio PMD without
+    /// TX offloads leaves them as the headroom held them (the header of the frame's own
+    /// receipt, when it forwards).
+    pub fn asks_nothing(b: &[u8]) -> bool {
+        b.get(..field::NUM_BUFFERS.start) == Some(&[0; field::NUM_BUFFERS.start][..])
+    }
+
     pub fn needs_csum(&self) -> bool {
         self.flags & F_NEEDS_CSUM != 0
     }
@@ -110,6 +119,21 @@ impl VirtioNetHdr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_asks_nothing_with_every_field_before_num_buffers_zero() {
+        let mut b = [0u8; HDR_LEN_HASH];
+        b[field::NUM_BUFFERS].copy_from_slice(&1u16.to_le_bytes());
+        b[field::HASH_VALUE].copy_from_slice(&[1, 2, 3, 4]);
+        assert!(VirtioNetHdr::asks_nothing(&b));
+        assert!(VirtioNetHdr::asks_nothing(&b[..HDR_LEN_LEGACY]));
+        assert!(!VirtioNetHdr::asks_nothing(&b[..HDR_LEN_LEGACY - 1]));
+        for at in 0..field::NUM_BUFFERS.start {
+            let mut c = b;
+            c[at] = 0x80;
+            assert!(!VirtioNetHdr::asks_nothing(&c), "byte {at}");
+        }
+    }
 
     #[test]
     fn golden_round_trip() {

@@ -328,8 +328,16 @@ impl GuestPort {
 
     /// A frame the guest sent that may be a membership report (`--snoop`). Only the net
     /// attachment snoops; in the device attachment the control queue is authoritative.
+    #[inline]
     pub(super) fn snoop_frame(&self, frame: &[u8]) {
-        if !self.rx.snooping || !maybe_report(frame) || self.attachment() != Some(Attachment::Net) {
+        if self.rx.snooping {
+            self.snoop_report(frame);
+        }
+    }
+
+    /// [`GuestPort::snoop_frame`] on a snooping port.
+    fn snoop_report(&self, frame: &[u8]) {
+        if !maybe_report(frame) || self.attachment() != Some(Attachment::Net) {
             return;
         }
         match mcast_report::parse(frame) {
@@ -453,5 +461,9 @@ impl Egress for GuestPort {
 
     fn write(&self, tally: &Tally, frames: &mut PortFrames<'_, '_>, segment: &mut Vec<u8>) -> usize {
         self.rx.write(&self.health, tally, frames, segment)
+    }
+
+    fn write_plain(&self, tally: &Tally, flow: usize, frames: &mut [&mut [u8]]) -> Option<usize> {
+        self.rx.write_plain(&self.health, tally, flow, frames)
     }
 }

@@ -68,6 +68,17 @@ fn admitted(v: Verdict) -> Admitted {
     })
 }
 
+/// Counts the filter's verdict on a frame admitted for queue `stats`.
+#[inline]
+fn count_admitted(stats: &QueueStats, note: Admitted) {
+    if note == admitted(Verdict::Multicast) {
+        stats.rx_mcast_accepted.inc();
+    } else if note == admitted(Verdict::FalsePositive) {
+        stats.rx_mcast_accepted.inc();
+        stats.rx_hash_false_positive.inc();
+    }
+}
+
 impl RxSide {
     /// Whether the port takes `frame`: its receive filter decides, as on the NIC, where the
     /// MAC filter precedes the parser and KeyGen, so a rejected frame costs no copy and no
@@ -110,23 +121,69 @@ impl RxSide {
         };
         let steering = self.steering.load();
         let mem = rx.mem.memory();
-        let mut w = RxWriter {
-            health,
-            rx,
-            steering: &steering,
-            mem: &mem,
-            offloads: self.offloads.load(Ordering::Relaxed),
-            hash_report: rx.feat.hash_report(),
-            ready: QueueReady::default(),
-            held: None,
-            run: RxRun::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf()),
-            delivered: 0,
-        };
+        let offloads = self.offloads.load(Ordering::Relaxed);
+        let mut w = RxWriter::new(health, rx, &steering, &mem, offloads);
         while let Some(f) = frames.next() {
             w.frame(tally, f, segment);
         }
         w.end_run();
         w.delivered
+    }
+}
+
+impl RxSide {
+    /// The burst path ([`crate::pipeline::Egress::write_plain`]): `frames`, which came in
+    /// on queue `flow` with headers that ask for nothing, admitted and written as
+    /// [`RxSide::admit`] and [`RxSide::write`] would, one by one, with what a plain frame
+    /// never needs left out: RSS with one queue and no hash asked for picks queue 0, and
+    /// the guest sees the header as sent (no offload to undo or complete). `None`, having
+    /// done nothing, for a driver with several queues or the hash report (they take the
+    /// general path), and for a port with no driver (which counts the drop there). The
+    /// filter's verdict on a destination is taken at its first frame in the run, as the
+    /// general path takes it when it queues a frame.
+    pub(super) fn write_plain(
+        &self,
+        health: &Health,
+        tally: &Tally,
+        flow: usize,
+        frames: &mut [&mut [u8]],
+    ) -> Option<usize> {
+        let guard = self.path.load();
+        let rx = guard.as_ref()?;
+        if rx.vrings.len() != 1 || rx.feat.hash_report() {
+            return None;
+        }
+        let steering = self.steering.load();
+        let mem = rx.mem.memory();
+        let offloads = self.offloads.load(Ordering::Relaxed);
+        let mut w = RxWriter::new(health, rx, &steering, &mem, offloads);
+        let stats = tally.at(health.id, 0);
+        // The filter's verdict on the last destination: a run's frames nearly always share
+        // it. A snooping port looks into each frame, so it asks every time.
+        let mut last: Option<(MacAddr, Option<Admitted>)> = None;
+        for frame in frames.iter_mut() {
+            let dst = MacAddr::from_slice(frame);
+            let note = match last {
+                Some((d, note)) if Some(d) == dst && !self.snooping => {
+                    if note.is_none() {
+                        tally.at(health.id, flow).rx_filtered.inc();
+                    }
+                    note
+                }
+                _ => {
+                    let note = self.admit(health, tally, flow, frame);
+                    last = dst.map(|d| (d, note));
+                    note
+                }
+            };
+            let Some(note) = note else {
+                continue;
+            };
+            count_admitted(stats, note);
+            w.push_plain(stats, frame);
+        }
+        w.end_run();
+        Some(w.delivered)
     }
 }
 
@@ -158,6 +215,29 @@ struct RxWriter<'w, 'm> {
 }
 
 impl<'w, 'm> RxWriter<'w, 'm> {
+    /// A writer into `rx`, whose receive offloads are `offloads`, through one snapshot of
+    /// its steering and memory.
+    fn new(
+        health: &'w Health,
+        rx: &'w RxPath,
+        steering: &'w Steering,
+        mem: &'m GuestMemoryMmap,
+        offloads: u64,
+    ) -> Self {
+        RxWriter {
+            health,
+            rx,
+            steering,
+            mem,
+            offloads,
+            hash_report: rx.feat.hash_report(),
+            ready: QueueReady::default(),
+            held: None,
+            run: RxRun::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf()),
+            delivered: 0,
+        }
+    }
+
     /// One frame: its queue (RSS), its filter counters, then written whole or cut.
     fn frame(&mut self, tally: &Tally, f: Frame<'_>, segment: &mut Vec<u8>) {
         let Frame {
@@ -176,12 +256,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
             q = 0;
         }
         let stats = tally.at(self.health.id, q);
-        if note == admitted(Verdict::Multicast) {
-            stats.rx_mcast_accepted.inc();
-        } else if note == admitted(Verdict::FalsePositive) {
-            stats.rx_mcast_accepted.inc();
-            stats.rx_hash_false_positive.inc();
-        }
+        count_admitted(stats, note);
         let gso_type = pkt.hdr.gso_type;
         if gso_type == GSO_NONE || takes_gso(self.offloads, gso_type) {
             self.push(stats, q, steered, &mut pkt.hdr, pkt.frame);
@@ -219,19 +294,49 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         let Some((out, completed)) = self.guest_header(stats, steered, hdr, frame) else {
             return;
         };
-        let health = self.health;
         let Some(held) = self.held.as_mut() else { return };
         let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
-        let res = health.catch_bug("a received frame", || run.push(queue, ring, &out, frame));
+        let res = self
+            .health
+            .catch_bug("a received frame", || run.push(queue, ring, &out, frame));
+        self.pushed(stats, q, res, frame.len(), completed);
+    }
+
+    /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0.
+    fn push_plain(&mut self, stats: &QueueStats, frame: &[u8]) {
+        if !self.start_run(0) {
+            stats.rx_dropped.inc();
+            return;
+        }
+        let Some(held) = self.held.as_mut() else { return };
+        let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
+        let res = self
+            .health
+            .catch_bug("a received frame", || run.push_plain(queue, ring, frame));
+        self.pushed(stats, 0, res, frame.len(), false);
+    }
+
+    /// Counts what became of a frame of `len` bytes written into queue `q` (`None`: a bug
+    /// was met in the write).
+    #[inline(always)]
+    fn pushed(
+        &mut self,
+        stats: &QueueStats,
+        q: usize,
+        res: Option<Result<u16, RxError>>,
+        len: usize,
+        completed: bool,
+    ) {
+        let health = self.health;
         match res {
             Some(Ok(_)) => {
                 stats.rx_packets.inc();
-                stats.rx_bytes.add(frame.len() as u64);
+                stats.rx_bytes.add(len as u64);
                 if completed {
                     stats.rx_csum_completed.inc();
                 }
                 self.delivered += 1;
-                trace!("port {}: rx {} bytes on queue {q}", health.id, frame.len());
+                trace!("port {}: rx {len} bytes on queue {q}", health.id);
             }
             Some(Err(e)) => self.refused(stats, q, e),
             None => {
@@ -278,10 +383,13 @@ impl<'w, 'm> RxWriter<'w, 'm> {
 
     /// Holds queue `q` for writing, ending the run on another queue first; false if `q`
     /// cannot take frames (broken, stopped).
+    #[inline]
     fn start_run(&mut self, q: usize) -> bool {
-        if self.held.as_ref().is_some_and(|h| h.q == q) {
-            return true;
-        }
+        self.held.as_ref().is_some_and(|h| h.q == q) || self.hold(q)
+    }
+
+    /// [`RxWriter::start_run`] for a queue not held yet: once per run.
+    fn hold(&mut self, q: usize) -> bool {
         self.end_run();
         let rx = self.rx;
         let Some(vring) = rx.vrings.get(q) else {

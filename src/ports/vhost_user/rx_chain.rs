@@ -49,6 +49,9 @@ pub struct RxRun {
     first_used: Option<u16>,
     /// Whether a frame may take the one-descriptor lane ([`RxRun::push_one_desc`]).
     one_desc: bool,
+    /// The header of a frame sent with none of its fields set, in one buffer: what
+    /// [`RxRun::push_plain`] writes, built once.
+    plain: [u8; HDR_LEN_HASH],
     /// The chains of the frame being written, kept here rather than on the stack of each
     /// push: they hold room for the worst case, and are never zeroed.
     chains: RxChains,
@@ -65,6 +68,11 @@ impl RxRun {
             avail: None,
             first_used: None,
             one_desc: true,
+            plain: VirtioNetHdr {
+                num_buffers: 1,
+                ..VirtioNetHdr::default()
+            }
+            .to_bytes(),
             chains: RxChains::new(),
         }
     }
@@ -103,10 +111,51 @@ impl RxRun {
         hdr: &VirtioNetHdr,
         frame: &[u8],
     ) -> Result<u16, RxError> {
+        let one = VirtioNetHdr {
+            num_buffers: 1,
+            ..*hdr
+        };
+        self.push_with(q, ring, &one.to_bytes(), hdr, frame)
+    }
+
+    /// [`RxRun::push`] for a frame whose header has no field set (no offload, no hash): the
+    /// usual frame between two guests without offloads, whose one-buffer header is built
+    /// once per run rather than per frame.
+    pub fn push_plain<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        frame: &[u8],
+    ) -> Result<u16, RxError> {
+        let one = self.plain;
+        self.push_with(q, ring, &one, &VirtioNetHdr::default(), frame)
+    }
+
+    /// [`RxRun::push`], `one` being the header's bytes for a frame in one buffer.
+    #[inline(always)]
+    fn push_with<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        one: &[u8; HDR_LEN_HASH],
+        hdr: &VirtioNetHdr,
+        frame: &[u8],
+    ) -> Result<u16, RxError> {
         self.first_used.get_or_insert(q.next_used());
-        if self.one_desc && self.push_one_desc(q, ring, hdr, frame)? {
+        if self.one_desc && self.push_one_desc(q, ring, one, frame)? {
             return Ok(1);
         }
+        self.push_walked(q, ring, hdr, frame)
+    }
+
+    /// The general walk: [`RxRun::push`] for a frame the lane did not take.
+    fn push_walked<M: GuestMemory>(
+        &mut self,
+        q: &mut Queue,
+        ring: &SplitRing<'_, M>,
+        hdr: &VirtioNetHdr,
+        frame: &[u8],
+    ) -> Result<u16, RxError> {
         let pos = self.take_chains(q, ring, frame.len())?;
         let (hdr_len, rx) = (self.hdr_len, &self.chains);
         let used = rx.chains.len();
@@ -132,7 +181,8 @@ impl RxRun {
         Ok(used as u16)
     }
 
-    /// The usual frame, written without the general walk: the next chain is one
+    /// The usual frame, written without the general walk, with `hdr` (its header with
+    /// `num_buffers` 1, as bytes): the next chain is one
     /// device-writable descriptor (no NEXT, no INDIRECT) that holds the header and the whole
     /// frame in one memory region, as DPDK's virtio-user and Linux's virtio-net (with
     /// mergeable or big buffers of a page or more) post them. What it writes, returns and
@@ -144,7 +194,7 @@ impl RxRun {
         &mut self,
         q: &mut Queue,
         ring: &SplitRing<'_, M>,
-        hdr: &VirtioNetHdr,
+        hdr: &[u8; HDR_LEN_HASH],
         frame: &[u8],
     ) -> Result<bool, RxError> {
         let pos = q.next_avail();
@@ -169,9 +219,7 @@ impl RxRun {
         let Ok(body) = buf.offset(hdr_len) else {
             return Ok(false);
         };
-        let mut h = *hdr;
-        h.num_buffers = 1;
-        update_header(&buf, &h.to_bytes()[..hdr_len]);
+        update_header(&buf, &hdr[..hdr_len]);
         body.copy_from(frame);
         let first = q.next_used();
         // Within the descriptor's u32 length.

@@ -342,6 +342,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
 
     /// Writes used element `pos` (modulo the ring size): chain `head`, `len` bytes written.
     /// The driver does not see it before [`SplitRing::publish_used`].
+    #[inline]
     pub fn put_used(&self, pos: u16, head: u16, len: u32) -> Result<(), RingError> {
         if head >= self.size {
             return Err(RingError(QueueError::InvalidDescriptorIndex));

@@ -4,6 +4,9 @@
 //! receivers when the arena is used up, the outbox is full, or the ring runs dry.
 
 use arrayvec::ArrayVec;
+use std::sync::Arc;
+
+use arc_swap::Guard;
 use log::{debug, trace, warn};
 use vhost_user_backend::VringT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
@@ -18,7 +21,9 @@ use crate::pipeline::fdb::FdbCache;
 use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::outbox::OUTBOX_FRAMES;
 use crate::pipeline::router::RouteCache;
-use crate::pipeline::{Ingress, OutboxBuffers, Packet, Switch};
+use crate::pipeline::rules::Rules;
+use crate::pipeline::switch::Run;
+use crate::pipeline::{Ingress, Outbox, OutboxBuffers, Packet, Switch};
 use crate::ports::arena::Arena;
 use crate::stats::{QueueStats, Tally};
 use crate::wire::virtio_net_hdr::GSO_NONE;
@@ -149,6 +154,9 @@ impl TxWorker {
             originated,
         };
         let stats = tx.tally.at(tx.port.id, tx.pair);
+        // A run lasts as long as the outbox, across batches, while the rules stay the same.
+        let mut run = Run::default();
+        let mut last_rules: Option<Guard<Arc<Rules>>> = None;
         let mut popped = 0;
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
             let limits = spent.next_batch(popped, mode);
@@ -168,39 +176,124 @@ impl TxWorker {
             popped += batch.len();
             // One snapshot of the switch's rules per batch (`Switch::forward`).
             let rules = tx.switch.rules().load();
-            let mut taken = 0;
-            for TxSlot { start, chain: t } in batch.drain(..) {
-                spent.chains += 1;
-                spent.walked += t.walked;
-                let n = match t.result {
-                    Ok(n) => n,
-                    Err(e) => {
-                        chain_refused(tx, stats, t.head, &e);
-                        continue;
-                    }
-                };
-                // The batch's chains lie back to back from the start of the room.
-                let Some(chain) = (start == taken).then(|| arena.take(n)).flatten() else {
-                    stats.tx_errors.inc();
-                    continue;
-                };
-                taken += n;
-                let Some(hdr) = admit(tx, stats, chain, hdr_len) else {
-                    continue;
-                };
-                let frame = &mut chain[hdr_len..];
-                let forwarded = tx.port.health.catch_bug("a transmitted frame", || {
-                    tx.port.snoop_frame(frame);
-                    tx.switch
-                        .forward(&rules, &mut from, Packet::new(hdr, frame), &mut out);
-                });
-                if forwarded.is_none() {
-                    stats.tx_errors.inc();
-                }
+            if let Some(before) = last_rules.take().filter(|r| !Arc::ptr_eq(r, &rules)) {
+                run.write(tx.switch, &before, &from, &mut out);
             }
+            // A snooping port's frames take the general path, which looks for reports.
+            let burst = !tx.port.rx.snooping && tx.switch.burst_from(&rules, tx.port.id);
+            let mut taken = 0;
+            for slot in batch.drain(..) {
+                spent.chains += 1;
+                spent.walked += slot.chain.walked;
+                let Some(chain) = take_chain(tx, stats, &mut arena, slot, &mut taken) else {
+                    continue;
+                };
+                let chain = if burst {
+                    match plain_frame(tx, &rules, &mut from, stats, chain, hdr_len) {
+                        Ok((to, frame)) => {
+                            run.push(tx.switch, &rules, &from, to, frame, &mut out);
+                            continue;
+                        }
+                        Err(chain) => chain,
+                    }
+                } else {
+                    chain
+                };
+                // What came before goes first.
+                run.write(tx.switch, &rules, &from, &mut out);
+                forward(tx, stats, &rules, &mut from, chain, hdr_len, &mut out);
+            }
+            last_rules = Some(rules);
+        }
+        if let Some(rules) = last_rules {
+            run.write(tx.switch, &rules, &from, &mut out);
         }
         Ok(popped)
     }
+}
+
+/// The bytes of a batch's next chain, `taken` bytes of the batch already taken from the
+/// arena; `None` for a chain the ring walk refused, counted.
+fn take_chain<'a>(
+    tx: &TxQueue<'_>,
+    stats: &QueueStats,
+    arena: &mut Arena<'a>,
+    slot: TxSlot,
+    taken: &mut usize,
+) -> Option<&'a mut [u8]> {
+    let TxSlot { start, chain: t } = slot;
+    let n = match t.result {
+        Ok(n) => n,
+        Err(e) => {
+            chain_refused(tx, stats, t.head, &e);
+            return None;
+        }
+    };
+    // The batch's chains lie back to back from the start of the room.
+    let Some(chain) = (start == *taken).then(|| arena.take(n)).flatten() else {
+        stats.tx_errors.inc();
+        return None;
+    };
+    *taken += n;
+    Some(chain)
+}
+
+/// The general path: [`admit`], then [`Switch::forward`] into `out`, a bug met on the way
+/// costing this frame only.
+fn forward<'a>(
+    tx: &TxQueue<'_>,
+    stats: &QueueStats,
+    rules: &Rules,
+    from: &mut Ingress<'_>,
+    chain: &'a mut [u8],
+    hdr_len: usize,
+    out: &mut Outbox<'a>,
+) {
+    let Some(hdr) = admit(tx, stats, chain, hdr_len) else {
+        return;
+    };
+    let frame = &mut chain[hdr_len..];
+    let forwarded = tx.port.health.catch_bug("a transmitted frame", || {
+        tx.port.snoop_frame(frame);
+        tx.switch.forward(rules, from, Packet::new(hdr, frame), out);
+    });
+    if forwarded.is_none() {
+        stats.tx_errors.inc();
+    }
+}
+
+/// The burst path's admission ([`Switch::plain_destination`]): a chain whose header asks
+/// for nothing ([`VirtioNetHdr::asks_nothing`]), from a source `--port-mac-lock` allows, to
+/// one learned port. Counted as [`admit`] counts it (on `stats`, the worker's queue).
+/// `Err`: the chain, for the general path, nothing done or counted.
+#[inline]
+fn plain_frame<'a>(
+    tx: &TxQueue<'_>,
+    rules: &Rules,
+    from: &mut Ingress<'_>,
+    stats: &QueueStats,
+    chain: &'a mut [u8],
+    hdr_len: usize,
+) -> Result<(usize, &'a mut [u8]), &'a mut [u8]> {
+    if !VirtioNetHdr::asks_nothing(&chain[..hdr_len]) || !tx.port.source_lock.allows(&chain[hdr_len..]) {
+        return Err(chain);
+    }
+    let frame = &chain[hdr_len..];
+    let found = tx.port.health.catch_bug("a transmitted frame", || {
+        tx.switch.plain_destination(rules, from, frame)
+    });
+    let Some(to) = found.flatten() else {
+        return Err(chain);
+    };
+    stats.tx_packets.inc();
+    stats.tx_bytes.add(frame.len() as u64);
+    trace!(
+        "port {}: tx {} bytes on pair {}",
+        tx.port.id,
+        frame.len(),
+        tx.pair
+    );
+    Ok((to, &mut chain[hdr_len..]))
 }
 
 /// Counts a frame the guest sent and checks it before it goes anywhere: its header, its

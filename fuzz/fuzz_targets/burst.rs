@@ -1,0 +1,178 @@
+//! The switch's burst path against its general path: the same batches of frames, from
+//! ports and stations the input picks, forwarded by a switch that lets plain frames take the
+//! burst path (`Switch::plain_destination`, `Run`) and by one that forwards every frame the
+//! general way (`Switch::general_only`), as a TX worker does (ports/vhost_user/tx.rs).
+//! Invariant, asserted: every port receives the same frames in the same order, the tables
+//! learn the same stations, and every counter is the same. Port 2 has no burst path of its
+//! own, so its runs fall back to the outbox.
+#![no_main]
+
+use std::sync::{Arc, Mutex};
+
+use dpaa_vnic::pipeline::fdb::FdbCache;
+use dpaa_vnic::pipeline::router::RouteCache;
+use dpaa_vnic::pipeline::switch::Run;
+use dpaa_vnic::pipeline::{Admitted, Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
+use dpaa_vnic::stats::Tally;
+use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
+use libfuzzer_sys::fuzz_target;
+
+const PORTS: usize = 3;
+const HDR: usize = 12;
+
+/// A port that records what it is given, and refuses destinations whose last byte is a
+/// multiple of three (counted as a receive filter counts).
+struct Recorder {
+    id: usize,
+    plain: bool,
+    got: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Recorder {
+    fn takes(&self, tally: &Tally, flow: usize, frame: &[u8]) -> bool {
+        let ok = frame.get(5).is_none_or(|b| b % 3 != 0);
+        if !ok {
+            tally.at(self.id, flow).rx_filtered.inc();
+        }
+        ok
+    }
+}
+
+impl Egress for Recorder {
+    fn admit(&self, tally: &Tally, flow: usize, frame: &[u8]) -> Option<Admitted> {
+        self.takes(tally, flow, frame).then(Admitted::default)
+    }
+
+    fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {
+        let mut n = 0;
+        while let Some(f) = frames.next() {
+            self.got.lock().unwrap().push(f.pkt.frame.to_vec());
+            n += 1;
+        }
+        n
+    }
+
+    fn write_plain(&self, tally: &Tally, flow: usize, frames: &mut [&mut [u8]]) -> Option<usize> {
+        if !self.plain {
+            return None;
+        }
+        let mut n = 0;
+        for f in frames.iter() {
+            if self.takes(tally, flow, f) {
+                self.got.lock().unwrap().push(f.to_vec());
+                n += 1;
+            }
+        }
+        Some(n)
+    }
+}
+
+/// The stations the input picks from: one per port, a multicast and the broadcast address.
+fn station(pick: u8) -> MacAddr {
+    match pick % 8 {
+        6 => MacAddr([0x01, 0, 0x5e, 0, 0, 1]),
+        7 => MacAddr::BROADCAST,
+        n => MacAddr([2, 0, 0, 0, 0, n + 1]),
+    }
+}
+
+/// One frame from two input bytes: which header, which destination and source, how long.
+fn frame(i: usize, meta: u8, len: u8) -> Vec<u8> {
+    let mut f = vec![0u8; HDR];
+    if meta & 1 != 0 {
+        // A header that asks for something: NEEDS_CSUM at offsets the frame may not have.
+        f[0] = 1;
+        f[6] = len / 2;
+        f[8] = 6;
+    }
+    f.extend_from_slice(&station(meta >> 1).0);
+    f.extend_from_slice(&station(meta >> 4).0);
+    f.extend((0..).map(|k: usize| (k + i) as u8).take(usize::from(len)));
+    f.truncate(HDR + usize::from(len));
+    f
+}
+
+/// Batches as the input cuts them: `[port, n, (meta, len) * n]` each.
+fn batches(data: &[u8]) -> Vec<(usize, Vec<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    let mut i = 0;
+    while let [port, n, tail @ ..] = rest {
+        let n = usize::from(*n % 33);
+        let take = (2 * n).min(tail.len());
+        let frames = tail[..take]
+            .chunks_exact(2)
+            .map(|p| {
+                i += 1;
+                frame(i, p[0], p[1])
+            })
+            .collect();
+        out.push((usize::from(*port) % PORTS, frames));
+        rest = &tail[take..];
+    }
+    out
+}
+
+/// Forwards every batch as a TX worker does; returns what each port got, what the table
+/// holds for each station, and every counter.
+fn drive(sw: Switch, input: &[(usize, Vec<Vec<u8>>)]) -> (Vec<Vec<Vec<u8>>>, Vec<Option<usize>>, String) {
+    let sw = Arc::new(sw);
+    let ports: Vec<Arc<Recorder>> = (0..PORTS)
+        .map(|id| {
+            let r = Arc::new(Recorder {
+                id,
+                plain: id != 2,
+                got: Mutex::new(Vec::new()),
+            });
+            sw.attach(id, r.clone());
+            r
+        })
+        .collect();
+    let tally = sw.tallies().register();
+    let (mut routes, mut fdb, mut originated) = (RouteCache::default(), FdbCache::default(), Vec::new());
+    let mut bufs = OutboxBuffers::default();
+    for (port, batch) in input {
+        let mut frames = batch.clone();
+        let mut out = sw.outbox(&tally, &mut bufs);
+        let mut from = Ingress {
+            port: *port,
+            queue: 0,
+            tally: &tally,
+            routes: &mut routes,
+            fdb: &mut fdb,
+            originated: &mut originated,
+        };
+        let rules = sw.rules().load();
+        let burst = sw.burst_from(&rules, *port);
+        let mut run = Run::default();
+        for f in frames.iter_mut() {
+            let (hdr, frame) = f.split_at_mut(HDR);
+            if burst && VirtioNetHdr::asks_nothing(hdr) {
+                if let Some(to) = sw.plain_destination(&rules, &mut from, frame) {
+                    run.push(&sw, &rules, &from, to, frame, &mut out);
+                    continue;
+                }
+            }
+            run.write(&sw, &rules, &from, &mut out);
+            let Ok(h) = VirtioNetHdr::parse(hdr, HDR) else {
+                continue;
+            };
+            sw.forward(&rules, &mut from, Packet::new(h, frame), &mut out);
+        }
+        run.write(&sw, &rules, &from, &mut out);
+    }
+    let got = ports.iter().map(|p| p.got.lock().unwrap().clone()).collect();
+    let learned = (0..8).map(|s| sw.fdb().lookup(&station(s))).collect();
+    let stats = format!(
+        "{:?}",
+        (0..PORTS).map(|p| sw.tallies().port(p)).collect::<Vec<_>>()
+    );
+    (got, learned, stats)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let input = batches(data);
+    let burst = drive(Switch::new(PORTS), &input);
+    let general = drive(Switch::new(PORTS).general_only(), &input);
+    assert_eq!(burst, general);
+});
