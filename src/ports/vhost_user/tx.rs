@@ -157,20 +157,14 @@ impl TxWorker {
         // A run lasts as long as the outbox, across batches, while the rules stay the same.
         let mut run = Run::default();
         let mut last_rules: Option<Guard<Arc<Rules>>> = None;
-        let mut popped = 0;
+        let (mut popped, mut ended) = (0, Ok(()));
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
             let limits = spent.next_batch(popped, mode);
             // One short hold of the ring's lock per batch: it is not held while the frames
-            // go to other ports.
-            pop_tx_batch(
-                vring.get_mut().get_queue_mut(),
-                mem,
-                hdr_len,
-                arena.room(),
-                limits,
-                batch,
-            )?;
-            if batch.is_empty() {
+            // go to other ports. A broken ring ends the loop, not the run's delivery.
+            let room = arena.room();
+            ended = pop_tx_batch(vring.get_mut().get_queue_mut(), mem, hdr_len, room, limits, batch);
+            if ended.is_err() || batch.is_empty() {
                 break;
             }
             popped += batch.len();
@@ -205,10 +199,11 @@ impl TxWorker {
             }
             last_rules = Some(rules);
         }
+        // The run's frames are delivered, as the outbox's are when it is dropped.
         if let Some(rules) = last_rules {
             run.write(tx.switch, &rules, &from, &mut out);
         }
-        Ok(popped)
+        ended.map(|()| popped)
     }
 }
 
