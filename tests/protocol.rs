@@ -836,8 +836,8 @@ fn a_control_ring_restarted_from_zero_is_a_reset_and_a_pause_is_not() {
 /// budget still polling, so the whole burst costs one wake-up, not one more per budget.
 #[test]
 fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
-    // Long enough that no pause of this test thread lets the window run out: 50 ms was
-    // not, once, with the other tests of this binary running beside it on two CPUs.
+    // Long enough that no pause of this test thread lets the window run out, with the
+    // other tests of this binary running beside it on two CPUs.
     let r = rig_with(Duration::from_millis(250));
     let mut g = ctrl_guest(&r);
     // The control ring laid out as the spec says, so that all its entries can be used.
