@@ -1,8 +1,9 @@
 //! The burst path against the general path: the same random frames sent by one guest, once
 //! through a switch that lets plain frames take the burst path and once through one that
-//! forwards every frame the general way (`Switch::general_only`). What the other guest's
-//! ring holds (used entries, headers, frames), what a port without a burst path received,
-//! and every counter of every port must be the same.
+//! forwards every frame the general way (`Switch::general_only`), under the same random
+//! rules (egress checksum actions, the router). What the other guest's ring holds (used
+//! entries, headers, frames), what a port without a burst path received, and every counter
+//! of every port must be the same.
 
 mod common;
 
@@ -13,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use dpaa_vnic::device::filter::Layout;
 use dpaa_vnic::device::NetConfig;
+use dpaa_vnic::pipeline::csum_action::CsumAction;
+use dpaa_vnic::pipeline::router::{RouteTable, RouterIf, ROUTER_MAC};
+use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
 use dpaa_vnic::stats::Tally;
@@ -53,13 +57,91 @@ const ELSEWHERE_ON_B: u8 = 0x10;
 const ON_SINK: u8 = 0x20;
 const UNKNOWN: u8 = 0x30;
 
-/// One frame A sends: where to, from where, what header, how long.
+/// What follows a frame's MACs.
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    /// Bytes that are no protocol's.
+    Raw,
+    /// IPv4 and UDP or TCP, checksums wrong (an action rewrites them), or an IPv4 header
+    /// that says it is shorter than its minimum (an action drops the frame).
+    Udp4,
+    Tcp4,
+    ShortIhl4,
+    /// What the router looks into even when not addressed to it.
+    Arp,
+    Udp6,
+}
+
+/// One frame A sends: where to, from where, what header, what it carries, how long (cut
+/// there if the body is longer).
 #[derive(Debug, Clone)]
 struct Sent {
     dst: MacAddr,
     src: MacAddr,
     hdr: [u8; HDR],
+    body: Body,
     len: usize,
+}
+
+impl Sent {
+    /// The frame's bytes; `i` makes each frame's payload its own.
+    fn bytes(&self, i: usize) -> Vec<u8> {
+        let mut f = self.dst.0.to_vec();
+        f.extend_from_slice(&self.src.0);
+        let payload = |n: usize| (0..n).map(move |k| (k * 7 + i) as u8);
+        let ipv4 = |f: &mut Vec<u8>, ihl: u8, proto: u8, l4: &[u8]| {
+            f.extend_from_slice(&[0x08, 0x00, 0x40 | ihl, 0]);
+            f.extend_from_slice(&(20 + l4.len() as u16).to_be_bytes());
+            f.extend_from_slice(&[0, 1, 0, 0, 64, proto, 0xde, 0xad, 198, 18, 0, 1, 198, 18, 0, 2]);
+            f.extend_from_slice(l4);
+        };
+        let udp = |n: usize| {
+            let mut u = vec![0x30, 0x39, 0x00, 0x35];
+            u.extend_from_slice(&(8 + n as u16).to_be_bytes());
+            u.extend_from_slice(&[0xbe, 0xef]);
+            u.extend(payload(n));
+            u
+        };
+        match self.body {
+            Body::Raw => f.extend(payload(300)),
+            Body::Udp4 => ipv4(&mut f, 5, 17, &udp(40)),
+            Body::ShortIhl4 => ipv4(&mut f, 4, 17, &udp(40)),
+            Body::Tcp4 => {
+                let mut t = vec![
+                    0x30, 0x39, 0x00, 0x50, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0xff, 0xff, 0xbe, 0xef, 0, 0,
+                ];
+                t.extend(payload(30));
+                ipv4(&mut f, 5, 6, &t);
+            }
+            Body::Arp => {
+                f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+                f.extend_from_slice(&self.src.0);
+                f.extend_from_slice(&[198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 198, 18, 0, 254]);
+            }
+            Body::Udp6 => {
+                let u = udp(40);
+                f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+                f.extend_from_slice(&(u.len() as u16).to_be_bytes());
+                f.extend_from_slice(&[17, 64]);
+                f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+                f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+                f.extend_from_slice(&u);
+            }
+        }
+        f.truncate(self.len);
+        f
+    }
+}
+
+fn body() -> impl Strategy<Value = Body> {
+    prop_oneof![
+        3 => Just(Body::Raw),
+        4 => Just(Body::Udp4),
+        1 => Just(Body::Tcp4),
+        1 => Just(Body::ShortIhl4),
+        1 => Just(Body::Arp),
+        1 => Just(Body::Udp6),
+    ]
 }
 
 fn dst() -> impl Strategy<Value = MacAddr> {
@@ -71,6 +153,7 @@ fn dst() -> impl Strategy<Value = MacAddr> {
         1 => Just(mac(UNKNOWN)),
         1 => Just(MacAddr::BROADCAST),
         1 => Just(MacAddr([0x01, 0x00, 0x5e, 0, 0, 1])),
+        1 => Just(ROUTER_MAC),
     ]
 }
 
@@ -103,9 +186,74 @@ fn hdr() -> impl Strategy<Value = [u8; HDR]> {
 
 /// A few frames alike but for their length: runs of one destination, as traffic comes.
 fn sent() -> impl Strategy<Value = Vec<Sent>> {
-    let len = || prop_oneof![1 => 0usize..14, 8 => 14usize..300];
-    (dst(), src(), hdr(), proptest::collection::vec(len(), 1..5))
-        .prop_map(|(dst, src, hdr, lens)| lens.into_iter().map(|len| Sent { dst, src, hdr, len }).collect())
+    let len = || prop_oneof![1 => 0usize..14, 1 => 14usize..300, 8 => Just(300)];
+    (
+        dst(),
+        src(),
+        hdr(),
+        body(),
+        proptest::collection::vec(len(), 1..5),
+    )
+        .prop_map(|(dst, src, hdr, body, lens)| {
+            lens.into_iter()
+                .map(|len| Sent {
+                    dst,
+                    src,
+                    hdr,
+                    body,
+                    len,
+                })
+                .collect()
+        })
+}
+
+/// The rules both switches run under, and how B's driver is set up.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// Egress checksum actions on B (bit 0) and on the sink (bit 1).
+    actions: u8,
+    router: bool,
+    promisc: bool,
+    /// B's driver takes DATA_VALID in its headers (VIRTIO_NET_F_GUEST_CSUM).
+    guest_csum: bool,
+    /// After the frames, the driver names a chain past the end of the ring, which breaks it.
+    broken_tail: bool,
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (0u8..4, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |(actions, router, promisc, guest_csum)| Setup {
+            actions,
+            router,
+            promisc,
+            guest_csum,
+            broken_tail: false,
+        },
+    )
+}
+
+impl Setup {
+    /// The switch's rules, with the router on A's and B's prefixes (198.18.0.0/24 and
+    /// 198.18.1.0/24) if it is on.
+    fn rules(&self) -> Rules {
+        let actions = [
+            (1, "port=1,dir=egress,update=iph+udp"),
+            (2, "port=2,dir=egress,update=iph+tcp"),
+        ]
+        .iter()
+        .filter(|(bit, _)| self.actions & bit != 0)
+        .map(|(_, a)| a.parse::<CsumAction>().unwrap())
+        .collect();
+        let ifaces: Vec<RouterIf> = if self.router {
+            vec![
+                "0=198.18.0.254/24".parse().unwrap(),
+                "1=198.18.1.254/24".parse().unwrap(),
+            ]
+        } else {
+            Vec::new()
+        };
+        Rules::with_router(3, actions, RouteTable::new(ifaces, Vec::new()))
+    }
 }
 
 /// What one run left behind, compared between the two switches.
@@ -113,6 +261,8 @@ fn sent() -> impl Strategy<Value = Vec<Sent>> {
 struct Outcome {
     /// B's used entries after the first, each with the bytes its buffer holds.
     b_rx: Vec<(u32, Vec<u8>)>,
+    /// The same on A's RX ring: what the router answered.
+    a_rx: Vec<(u32, Vec<u8>)>,
     sink: Vec<Vec<u8>>,
     /// Every port's counters, queue by queue.
     stats: String,
@@ -152,9 +302,7 @@ fn serve(switch: &Arc<Switch>, id: usize, path: &Path) -> Arc<GuestPort> {
 
 /// Sends `frames` from guest A to the switch, B's ring and the sink behind it, and returns
 /// what they got.
-/// `broken_tail`: after the frames, the driver names a chain past the end of the ring, which
-/// breaks it.
-fn run(switch: Switch, frames: &[Sent], promisc: bool, broken_tail: bool) -> Outcome {
+fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
     let n = u16::try_from(frames.len()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let switch = Arc::new(switch);
@@ -166,39 +314,41 @@ fn run(switch: Switch, frames: &[Sent], promisc: bool, broken_tail: bool) -> Out
     let mut a = Guest::connect(&paths[0], features);
     // B has a control queue, to turn promiscuous mode off: its filter then takes its own
     // address only.
-    let mut b = Guest::connect(&paths[1], features | CTRL_VQ | CTRL_RX);
-    if !promisc {
+    let guest_csum = if setup.guest_csum { GUEST_CSUM } else { 0 };
+    let mut b = Guest::connect(&paths[1], features | CTRL_VQ | CTRL_RX | guest_csum);
+    if !setup.promisc {
         promisc_off(&b);
     }
     let (txr, rxr) = two_guest_rings(&mut a, &mut b, RING, n + 1);
+    // A takes what the router answers.
+    let arx = rx_ring(&mut a, RING, n + 1);
     let tally = switch.tallies().register();
-    wait_until("B's RX path up", || {
-        let mut f = mac(B).0.to_vec();
-        f.extend_from_slice(&[0; 54]);
-        let mut bufs = OutboxBuffers::default();
-        let mut out = switch.outbox(&tally, &mut bufs);
-        if let Some(adm) = ports[1].admit(out.tally(), 0, &f) {
-            out.lend(1, 0, adm, Packet::new(VirtioNetHdr::default(), &mut f));
-        }
-        drop(out);
-        used_idx(&b, rxr) == 1
-    });
+    for (guest, port, ring) in [(&b, 1, rxr), (&a, 0, arx)] {
+        wait_until("the RX paths up", || {
+            let mut f = mac(port as u8 + 1).0.to_vec();
+            f.extend_from_slice(&[0; 54]);
+            let mut bufs = OutboxBuffers::default();
+            let mut out = switch.outbox(&tally, &mut bufs);
+            if let Some(adm) = ports[port].admit(out.tally(), 0, &f) {
+                out.lend(port, 0, adm, Packet::new(VirtioNetHdr::default(), &mut f));
+            }
+            drop(out);
+            used_idx(guest, ring) == 1
+        });
+    }
     for (station, port) in [(B, 1), (ELSEWHERE_ON_B, 1), (ON_SINK, 2)] {
         switch.fdb().learn(&mac(station), port);
     }
     for (i, s) in (0u16..).zip(frames) {
         let at = 0x2_0000 + 0x800 * u64::from(i);
-        let mut f = s.dst.0.to_vec();
-        f.extend_from_slice(&s.src.0);
-        f.extend((0..).map(|k: usize| (k * 7 + usize::from(i)) as u8).take(300));
-        f.truncate(s.len);
+        let f = s.bytes(usize::from(i));
         a.mem.write_slice(&s.hdr, GuestAddress(at)).unwrap();
         a.mem.write_slice(&f, GuestAddress(at + HDR as u64)).unwrap();
         txr.put_desc(&a.mem, i, d(at, (HDR + f.len()) as u32, 0, 0));
         txr.put_avail(&a.mem, i, i);
     }
     let mut avail = n;
-    if broken_tail {
+    if setup.broken_tail {
         txr.put_avail(&a.mem, n, RING + 7);
         avail += 1;
     }
@@ -211,26 +361,39 @@ fn run(switch: Switch, frames: &[Sent], promisc: bool, broken_tail: bool) -> Out
             (0..3).map(|p| switch.tallies().port(p)).collect::<Vec<_>>()
         )
     };
-    settle(|| (stats(), used_idx(&b, rxr), sink.0.lock().unwrap().len()));
-    let b_rx = (1..used_idx(&b, rxr))
-        .map(|i| {
-            let entry = rxr.used + 4 + 8 * u64::from(i);
-            let id: u32 = b.mem.read_obj(GuestAddress(entry)).unwrap();
-            let len: u32 = b.mem.read_obj(GuestAddress(entry + 4)).unwrap();
-            let mut got = vec![0u8; len as usize];
-            b.mem
-                .read_slice(&mut got, GuestAddress(rx_buf(id as u16)))
-                .unwrap();
-            (id, got)
-        })
-        .collect();
+    settle(|| {
+        (
+            stats(),
+            used_idx(&b, rxr),
+            used_idx(&a, arx),
+            sink.0.lock().unwrap().len(),
+        )
+    });
     let sink = sink.0.lock().unwrap().clone();
     Outcome {
-        b_rx,
+        b_rx: received(&b, rxr),
+        a_rx: received(&a, arx),
         sink,
         stats: stats(),
         a_tx_used: used_idx(&a, txr),
     }
+}
+
+/// `g`'s used entries on `ring` after the first (which the set-up wrote), each with the
+/// bytes its buffer holds.
+fn received(g: &Guest, ring: SplitLayout) -> Vec<(u32, Vec<u8>)> {
+    (1..used_idx(g, ring))
+        .map(|i| {
+            let entry = ring.used + 4 + 8 * u64::from(i);
+            let id: u32 = g.mem.read_obj(GuestAddress(entry)).unwrap();
+            let len: u32 = g.mem.read_obj(GuestAddress(entry + 4)).unwrap();
+            let mut got = vec![0u8; len as usize];
+            g.mem
+                .read_slice(&mut got, GuestAddress(rx_buf(id as u16)))
+                .unwrap();
+            (id, got)
+        })
+        .collect()
 }
 
 /// VIRTIO_NET_CTRL_RX_PROMISC 0 on B's control queue, acked.
@@ -264,21 +427,36 @@ fn settle<T: PartialEq>(mut look: impl FnMut() -> T) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     #[test]
     fn the_burst_path_delivers_and_counts_what_the_general_path_does(
         frames in proptest::collection::vec(sent(), 1..60),
-        promisc in any::<bool>(),
+        setup in setup(),
     ) {
         let frames: Vec<Sent> = frames.into_iter().flatten().take(usize::from(RING) - 8).collect();
-        let burst = run(Switch::new(3), &frames, promisc, false);
-        let general = run(Switch::new(3).general_only(), &frames, promisc, false);
+        let burst = run(Switch::with_rules(setup.rules()), &frames, setup);
+        let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
         prop_assert_eq!(&burst, &general);
-        // Not vacuous: a plain frame for B gets through.
-        let plain_to_b = |s: &Sent| s.dst == mac(B) && s.len >= 14 && VirtioNetHdr::asks_nothing(&s.hdr);
+        // Not vacuous: a plain frame for B that no action or filter can drop gets through.
+        let plain_to_b = |s: &Sent| {
+            s.dst == mac(B) && s.len >= 14 && matches!(s.body, Body::Raw) && VirtioNetHdr::asks_nothing(&s.hdr)
+        };
         prop_assert!(!burst.b_rx.is_empty() || !frames.iter().any(plain_to_b));
     }
+}
+
+/// `n` frames from A to B, each `body`, full length.
+fn to_b(n: usize, body: Body) -> Vec<Sent> {
+    (0..n)
+        .map(|_| Sent {
+            dst: mac(B),
+            src: mac(A),
+            hdr: [0; HDR],
+            body,
+            len: 300,
+        })
+        .collect()
 }
 
 /// A ring the driver breaks after a batch of plain frames (a chain named past the ring's
@@ -287,14 +465,53 @@ proptest! {
 fn frames_taken_before_the_ring_breaks_are_delivered() {
     let frames: Vec<Sent> = (0..32)
         .map(|i| Sent {
-            dst: mac(B),
-            src: mac(A),
-            hdr: [0; HDR],
             len: 60 + i,
+            ..to_b(1, Body::Raw).remove(0)
         })
         .collect();
-    let burst = run(Switch::new(3), &frames, true, true);
-    let general = run(Switch::new(3).general_only(), &frames, true, true);
+    let setup = Setup {
+        actions: 0,
+        router: false,
+        promisc: true,
+        guest_csum: false,
+        broken_tail: true,
+    };
+    let burst = run(Switch::new(3), &frames, setup);
+    let general = run(Switch::new(3).general_only(), &frames, setup);
     assert_eq!(burst, general);
     assert_eq!(burst.b_rx.len(), frames.len());
+}
+
+/// With the router on and a checksum action on B's egress, plain UDP frames still go as
+/// the general path sends them: checksums rewritten, DATA_VALID in the header B takes; and
+/// an action that drops (an IPv4 header shorter than its minimum) drops there too.
+#[test]
+fn actions_and_the_router_leave_plain_frames_as_the_general_path_does() {
+    let setup = Setup {
+        actions: 1,
+        router: true,
+        promisc: false,
+        guest_csum: true,
+        broken_tail: false,
+    };
+    let mut frames = to_b(20, Body::Udp4);
+    frames.extend(to_b(5, Body::ShortIhl4));
+    frames.extend(to_b(5, Body::Udp4));
+    // Two ARP requests for the router's address on A's side, among them: the router answers.
+    frames.splice(10..10, to_b(2, Body::Arp));
+    let burst = run(Switch::with_rules(setup.rules()), &frames, setup);
+    let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
+    assert_eq!(burst, general);
+    assert_eq!(burst.b_rx.len(), 25);
+    assert_eq!(burst.a_rx.len(), 2, "the router's answers");
+    for (_, got) in &burst.b_rx {
+        // The header's flags: DATA_VALID (2), the action having computed the UDP checksum.
+        assert_eq!(got[0], 2, "{:?}", &got[..HDR]);
+        let ip = &got[HDR + 14..HDR + 34];
+        let sum = ip
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>();
+        assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "IPv4 header checksum");
+    }
 }

@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use dpaa_vnic::pipeline::csum_action::CsumAction;
 use dpaa_vnic::pipeline::fdb::FdbCache;
 use dpaa_vnic::pipeline::router::RouteCache;
 use dpaa_vnic::pipeline::switch::Run;
@@ -52,7 +53,14 @@ impl Egress for Recorder {
         n
     }
 
-    fn write_plain(&self, tally: &Tally, flow: usize, frames: &mut [&mut [u8]]) -> Option<usize> {
+    fn write_plain(
+        &self,
+        tally: &Tally,
+        flow: usize,
+        frames: &mut [&mut [u8]],
+        _actions: &[CsumAction],
+    ) -> Option<usize> {
+        // The switch here has no rules: no port has actions.
         if !self.plain {
             return None;
         }

@@ -9,9 +9,11 @@ use std::fmt;
 use std::str::FromStr;
 
 use ipnet::IpNet;
+use log::trace;
 use thiserror::Error;
 
 use super::packet::Packet;
+use crate::stats::QueueStats;
 use crate::wire::checksum::write_checksum;
 use crate::wire::ip::{
     self, Ipv4Packet, Ipv6Packet, Ipv6Upper, PROTO_ICMP, PROTO_ICMPV6, PROTO_IGMP, PROTO_SCTP, PROTO_TCP,
@@ -485,6 +487,23 @@ pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Opti
         }
     }
     (verdict, None)
+}
+
+/// [`run`], counted on `stats` (the queue of the port the actions belong to): false if the
+/// frame drops.
+pub fn apply(actions: &[CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -> bool {
+    match run(actions, pkt) {
+        (ActionVerdict::Untouched, _) => true,
+        (ActionVerdict::Updated, _) => {
+            stats.csum_updated.inc();
+            true
+        }
+        (ActionVerdict::Drop, why) => {
+            stats.csum_failed.inc();
+            trace!("checksum action drops a frame: {why:?}");
+            false
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrayvec::ArrayVec;
 
+use super::csum_action::CsumAction;
 use super::packet::Packet;
 use crate::stats::Tally;
 use crate::wire::layers::Layers;
@@ -52,12 +53,21 @@ pub trait Egress: Send + Sync {
     /// how many frames (or segments) were delivered.
     fn write(&self, tally: &Tally, frames: &mut PortFrames<'_, '_>, segment: &mut Vec<u8>) -> usize;
 
-    /// The burst path (`Switch::write_run`): admits and writes `frames`, which came in on
-    /// queue `flow`, each with a header that asks for nothing, counting in `tally`. A port
-    /// that cannot take them so (the default, or for now: several queues, a hash asked
-    /// for) returns `None` having done nothing, and they are queued as the switch queues
-    /// any frame. Returns how many were delivered.
-    fn write_plain(&self, _tally: &Tally, _flow: usize, _frames: &mut [&mut [u8]]) -> Option<usize> {
+    /// The burst path (`Switch::write_run`): admits `frames`, which came in on queue
+    /// `flow`, each with a header that asks for nothing, runs the port's egress `actions`
+    /// on each frame admitted (`csum_action::apply`, counted on this port's queue `flow`),
+    /// and writes the frames they keep, counting in `tally`: what
+    /// [`Switch::forward`](super::Switch::forward) and [`Egress::write`] do to such a frame.
+    /// A port that cannot take them so (the default, or for now: several queues, a hash
+    /// asked for) returns `None` having done nothing, and they are queued as the switch
+    /// queues any frame. Returns how many were delivered.
+    fn write_plain(
+        &self,
+        _tally: &Tally,
+        _flow: usize,
+        _frames: &mut [&mut [u8]],
+        _actions: &[CsumAction],
+    ) -> Option<usize> {
         None
     }
 }

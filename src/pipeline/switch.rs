@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use arrayvec::ArrayVec;
-use log::trace;
 
-use super::csum_action::{self, ActionVerdict, Dir};
+use super::csum_action::{apply, Dir};
 use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
 use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, RUN_FRAMES};
 use super::packet::Packet;
@@ -56,22 +55,6 @@ pub struct Switch {
     tallies: Arc<Tallies>,
     /// Whether plain frames may take the burst path ([`Switch::plain_destination`]).
     burst: bool,
-}
-
-/// Runs a port's actions for one direction, counting on `stats`; false if the frame drops.
-fn apply(actions: &[csum_action::CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -> bool {
-    match csum_action::run(actions, pkt) {
-        (ActionVerdict::Untouched, _) => true,
-        (ActionVerdict::Updated, _) => {
-            stats.csum_updated.inc();
-            true
-        }
-        (ActionVerdict::Drop, why) => {
-            stats.csum_failed.inc();
-            trace!("checksum action drops a frame: {why:?}");
-            false
-        }
-    }
 }
 
 impl Switch {
@@ -217,17 +200,18 @@ impl Switch {
     }
 
     /// Whether frames from port `src` may take the burst path under `rules`: no ingress
-    /// action on `src`, no router. Asked once per batch.
+    /// action on `src`. Asked once per batch.
     pub fn burst_from(&self, rules: &Rules, src: usize) -> bool {
-        self.burst && !rules.router.enabled() && rules.actions_for(src, Dir::Ingress).is_empty()
+        self.burst && rules.actions_for(src, Dir::Ingress).is_empty()
     }
 
     /// The burst path's question for a frame from `from` whose header asks for nothing
     /// (the caller checked it, and [`Switch::burst_from`]): the port it goes to, when that
-    /// is one learned port other than its own, attached, without egress actions. The
-    /// source is then learned, as [`Switch::forward`] learns it, and the frame is the
-    /// caller's to hand to [`Switch::write_run`]. `None`: nothing was done, and the frame
-    /// takes [`Switch::forward`].
+    /// is one learned port other than its own, attached, and the router (if configured)
+    /// would only switch the frame ([`router::switches_only`]). The source is then learned,
+    /// as [`Switch::forward`] learns it, and the frame is the caller's to hand to
+    /// [`Switch::write_run`]. `None`: nothing was done, and the frame takes
+    /// [`Switch::forward`].
     ///
     /// The destination is looked up before the source is learned, where `forward` learns
     /// first: with the two addresses different (checked), a learn changes only the
@@ -238,9 +222,12 @@ impl Switch {
         if frame.len() < ethernet::HEADER_LEN || !dst.is_unicast() || dst == smac {
             return None;
         }
+        if rules.router.enabled() && !router::switches_only(frame) {
+            return None;
+        }
         let src = from.port;
         let to = from.fdb.lookup(&self.fdb, &dst)?;
-        if to == src || self.port(to).is_none() || !rules.actions_for(to, Dir::Egress).is_empty() {
+        if to == src || self.port(to).is_none() {
             return None;
         }
         if from.fdb.learn(&self.fdb, &smac, src) == Learned::Refused {
@@ -249,10 +236,10 @@ impl Switch {
         Some(to)
     }
 
-    /// Writes a run of frames [`Switch::plain_destination`] sent to port `to`, after what
-    /// `out` holds (so a port gets its frames in the order they came). A port that cannot
-    /// take them this way ([`Egress::write_plain`]) has them queued in `out` as `forward`
-    /// would have queued them.
+    /// Writes a run of frames [`Switch::plain_destination`] sent to port `to`, through
+    /// `to`'s egress actions, after what `out` holds (so a port gets its frames in the order
+    /// they came). A port that cannot take them this way ([`Egress::write_plain`]) has them
+    /// queued in `out` as `forward` would have queued them.
     fn write_run<'a>(
         &self,
         rules: &Rules,
@@ -268,7 +255,11 @@ impl Switch {
         if !out.is_empty() {
             out.flush();
         }
-        if port.write_plain(from.tally, from.queue, frames).is_some() {
+        let actions = rules.actions_for(to, Dir::Egress);
+        if port
+            .write_plain(from.tally, from.queue, frames, actions)
+            .is_some()
+        {
             frames.clear();
             return;
         }

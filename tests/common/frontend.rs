@@ -61,6 +61,7 @@ impl SplitLayout {
 }
 
 pub const VERSION_1: u64 = 1 << 32;
+pub const GUEST_CSUM: u64 = 1 << 1;
 pub const MRG_RXBUF: u64 = 1 << 15;
 pub const CTRL_VQ: u64 = 1 << 17;
 pub const CTRL_RX: u64 = 1 << 18;
@@ -206,29 +207,35 @@ pub fn enable(fe: &mut Frontend, i: usize) {
     fe.set_hdr_flags(VhostUserHeaderFlag::empty());
 }
 
-/// Where guest B's receive buffer `i` lies in [`two_guest_rings`]: 2 KiB each.
+/// Where receive buffer `i` lies in [`rx_ring`]: 2 KiB each.
 pub fn rx_buf(i: u16) -> u64 {
     0x10_0000 + 0x800 * u64::from(i)
 }
 
 /// Guest A's TX ring and guest B's RX ring, `size` entries each, laid out as the spec says
 /// (so that a burst can outgrow a batch), started again at 0 and enabled; B posts
-/// `buffers` receive buffers of 2 KiB ([`rx_buf`]), one descriptor each. Returns the TX
-/// and RX layouts.
+/// `buffers` receive buffers ([`rx_ring`]). Returns the TX and RX layouts.
 pub fn two_guest_rings(a: &mut Guest, b: &mut Guest, size: u16, buffers: u16) -> (SplitLayout, SplitLayout) {
-    let (txr, rxr) = (SplitLayout::at(0x18_0000, size), SplitLayout::at(0x1a_0000, size));
+    let txr = SplitLayout::at(0x18_0000, size);
     a.fe.get_vring_base(1).unwrap();
     a.set_up_ring_at(1, 0, txr);
     enable(&mut a.fe, 1);
-    b.fe.get_vring_base(0).unwrap();
-    b.set_up_ring_at(0, 0, rxr);
-    enable(&mut b.fe, 0);
+    (txr, rx_ring(b, size, buffers))
+}
+
+/// `g`'s RX ring, `size` entries, started again at 0 and enabled, with `buffers` receive
+/// buffers of 2 KiB posted ([`rx_buf`]), one descriptor each. Returns its layout.
+pub fn rx_ring(g: &mut Guest, size: u16, buffers: u16) -> SplitLayout {
+    let rxr = SplitLayout::at(0x1a_0000, size);
+    g.fe.get_vring_base(0).unwrap();
+    g.set_up_ring_at(0, 0, rxr);
+    enable(&mut g.fe, 0);
     for i in 0..buffers {
-        rxr.put_desc(&b.mem, i, d(rx_buf(i), 2048, F_WRITE, 0));
-        rxr.put_avail(&b.mem, i, i);
+        rxr.put_desc(&g.mem, i, d(rx_buf(i), 2048, F_WRITE, 0));
+        rxr.put_avail(&g.mem, i, i);
     }
-    b.mem.write_obj(buffers, GuestAddress(rxr.avail + 2)).unwrap();
-    (txr, rxr)
+    g.mem.write_obj(buffers, GuestAddress(rxr.avail + 2)).unwrap();
+    rxr
 }
 
 /// The used index of `ring` in `g`'s memory.

@@ -9,6 +9,18 @@ use crate::stats::QueueStats;
 use crate::wire::ethernet::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::EthernetFrame;
 
+/// Whether [`handle`] would only hand `frame`, at least an Ethernet header long, back to
+/// the switch (`Step::Switch`, nothing learned or counted): a frame that is not ARP, not
+/// IPv6 and not addressed to the router. The switch's burst path asks it
+/// (`Switch::plain_destination`); the two must answer alike.
+#[inline]
+pub fn switches_only(frame: &[u8]) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else {
+        return true;
+    };
+    !eth.is_to(&ROUTER_MAC) && !matches!(eth.ethertype(), ETHERTYPE_ARP | ETHERTYPE_IPV6)
+}
+
 /// Looks at one untagged frame that entered on `port`: ARP for the router's addresses and
 /// neighbours, neighbour discovery, and IP addressed to the router's MAC. A frame the router
 /// originates (answer, request, error) is built into `out`. Counters go to the ingress

@@ -29,7 +29,7 @@ mod spec;
 mod table;
 
 pub use cache::RouteCache;
-pub use dispatch::handle;
+pub use dispatch::{handle, switches_only};
 pub use forward::{Outcome, Step};
 pub use lookup::{cache_generation, Lookup, ROUTER_MAC};
 pub use neigh::Neighbours;

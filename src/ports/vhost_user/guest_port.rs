@@ -23,6 +23,7 @@ use crate::device::nic::NicView;
 use crate::device::rss::SteeringCell;
 use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
+use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
 use crate::pipeline::{Admitted, Egress, OutboxBuffers, Packet, PortFrames, Switch};
 use crate::ports::poll::PollGroup;
@@ -463,7 +464,13 @@ impl Egress for GuestPort {
         self.rx.write(&self.health, tally, frames, segment)
     }
 
-    fn write_plain(&self, tally: &Tally, flow: usize, frames: &mut [&mut [u8]]) -> Option<usize> {
-        self.rx.write_plain(&self.health, tally, flow, frames)
+    fn write_plain(
+        &self,
+        tally: &Tally,
+        flow: usize,
+        frames: &mut [&mut [u8]],
+        actions: &[CsumAction],
+    ) -> Option<usize> {
+        self.rx.write_plain(&self.health, tally, flow, frames, actions)
     }
 }

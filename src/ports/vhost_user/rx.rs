@@ -25,7 +25,8 @@ use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};
 use crate::logging::error_chain;
-use crate::pipeline::{gso, Admitted, Frame, PortFrames};
+use crate::pipeline::csum_action::{self, CsumAction};
+use crate::pipeline::{gso, Admitted, Frame, Packet, PortFrames};
 use crate::stats::{QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report;
@@ -147,6 +148,7 @@ impl RxSide {
         tally: &Tally,
         flow: usize,
         frames: &mut [&mut [u8]],
+        actions: &[CsumAction],
     ) -> Option<usize> {
         let guard = self.path.load();
         let rx = guard.as_ref()?;
@@ -156,6 +158,7 @@ impl RxSide {
         let steering = self.steering.load();
         let mem = rx.mem.memory();
         let offloads = self.offloads.load(Ordering::Relaxed);
+        let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
         let mut w = RxWriter::new(health, rx, &steering, &mem, offloads);
         let stats = tally.at(health.id, 0);
         // The filter's verdict on the last destination: a run's frames nearly always share
@@ -179,8 +182,31 @@ impl RxSide {
             let Some(note) = note else {
                 continue;
             };
+            // The port's egress actions, on a frame its filter took, as the switch runs them
+            // before it queues a frame. One that completes a checksum marks it DATA_VALID,
+            // which a guest with GUEST_CSUM sees in its header.
+            let mut flags = 0;
+            if !actions.is_empty() {
+                let acted = health.catch_bug("a checksum action", || {
+                    let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+                    csum_action::apply(actions, &mut pkt, tally.at(health.id, flow)).then_some(pkt.hdr.flags)
+                });
+                match acted {
+                    Some(Some(f)) => flags = f,
+                    // Dropped by an action, counted there; or a bug met, counted by `catch_bug`.
+                    Some(None) | None => continue,
+                }
+            }
             count_admitted(stats, note);
-            w.push_plain(stats, frame);
+            if flags == 0 || !guest_csum {
+                w.push_plain(stats, frame);
+            } else {
+                let mut hdr = VirtioNetHdr {
+                    flags,
+                    ..VirtioNetHdr::default()
+                };
+                w.push(stats, 0, None, &mut hdr, frame);
+            }
         }
         w.end_run();
         Some(w.delivered)
