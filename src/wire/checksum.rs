@@ -10,14 +10,43 @@ pub enum ChecksumError {
 
 /// One's-complement sum of `data`'s big-endian 16-bit words added to `initial`, not yet
 /// folded: `fold` of it (or of several such sums added together) is the Internet sum.
-///
-/// The bytes are summed as little-endian 32-bit words into a u64, a reduction the compiler
-/// turns into wide vector adds, then folded to 16 bits and byte-swapped: one's-complement
-/// sums do not depend on byte order except for that final swap (RFC 1071, 2.B).
+/// Words of 32 bits sum to the same as their 16-bit halves once folded (2^16 is 1 modulo
+/// 0xffff), so both ways below count whole 32-bit words.
+#[inline]
 pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
-    // Eight independent lanes over 32-byte blocks: LLVM keeps them in vector registers
-    // whatever the surrounding code looks like (a single `.sum()` chain vectorised or not
-    // depending on what else the crate's codegen unit held).
+    // Most sums are short (two addresses, an IPv4 header, a small datagram): a few
+    // big-endian word adds, left unfolded. Longer data goes through the lanes.
+    if data.len() < 32 {
+        return sum_words(data) + u64::from(initial);
+    }
+    u64::from(fold(sum_blocks(data)).swap_bytes()) + u64::from(initial)
+}
+
+/// The big-endian 32-bit words of `data`, then its last two or three bytes (an odd last
+/// byte is the high byte of a 16-bit word).
+#[inline]
+fn sum_words(data: &[u8]) -> u64 {
+    let mut words = data.chunks_exact(4);
+    let mut acc: u64 = (&mut words)
+        .map(|c| u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+        .sum();
+    let rest = words.remainder();
+    if let [a, b, ..] = rest {
+        acc += u64::from(u16::from_be_bytes([*a, *b]));
+    }
+    if rest.len() % 2 == 1 {
+        acc += u64::from(rest[rest.len() - 1]) << 8;
+    }
+    acc
+}
+
+/// The sum of `data`'s little-endian 32-bit words, over 32-byte blocks in eight independent
+/// lanes, then the rest: folded and byte-swapped, it is the big-endian sum (one's-complement
+/// sums do not depend on byte order except for that final swap, RFC 1071, 2.B), and the
+/// lanes vectorise without a byte shuffle. LLVM keeps them in vector registers whatever the
+/// surrounding code looks like (a single `.sum()` chain vectorised or not depending on what
+/// else the crate's codegen unit held).
+fn sum_blocks(data: &[u8]) -> u64 {
     let mut blocks = data.chunks_exact(32);
     let mut lanes = [0u64; 8];
     for b in &mut blocks {
@@ -26,28 +55,30 @@ pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
         }
     }
     let mut words = blocks.remainder().chunks_exact(4);
-    let mut acc: u64 = lanes.iter().sum::<u64>()
+    let mut acc = lanes.iter().sum::<u64>()
         + (&mut words)
             .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .sum::<u64>();
     let rest = words.remainder();
-    let mut pairs = rest.chunks_exact(2);
-    for p in &mut pairs {
-        acc += u64::from(u16::from_le_bytes([p[0], p[1]]));
+    if let [a, b, ..] = rest {
+        acc += u64::from(u16::from_le_bytes([*a, *b]));
     }
-    if let [last] = pairs.remainder() {
-        // An odd last byte is the high byte of a big-endian word: the low one here.
-        acc += u64::from(*last);
+    if rest.len() % 2 == 1 {
+        // The high byte of a big-endian word: the low one here.
+        acc += u64::from(rest[rest.len() - 1]);
     }
-    u64::from(fold(acc).swap_bytes()) + u64::from(initial)
+    acc
 }
 
-/// Folds a wide sum to 16 bits (not inverted).
-pub fn fold(mut acc: u64) -> u16 {
-    while acc >> 16 != 0 {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
+/// Folds a wide sum to 16 bits (not inverted): four end-around carries take any u64 there,
+/// without a loop's branches. The result is 0 only for a sum of 0, as a loop's is.
+#[inline]
+pub fn fold(acc: u64) -> u16 {
+    let a = (acc & 0xffff_ffff) + (acc >> 32);
+    let a = (a & 0xffff) + (a >> 16);
+    let a = (a & 0xffff) + (a >> 16);
+    let a = (a & 0xffff) + (a >> 16);
+    a as u16
 }
 
 /// The Internet checksum of `data`: the inverted folded sum.
@@ -60,6 +91,12 @@ pub fn checksum(data: &[u8]) -> u16 {
 /// folded: add the upper layer's `partial_sum` and fold.
 pub fn pseudo_sum(src: &[u8], dst: &[u8], proto: u8, len: usize) -> u64 {
     partial_sum(src, 0) + partial_sum(dst, 0) + u64::from(proto) + len as u64
+}
+
+/// [`pseudo_sum`] of addresses that lie side by side, source first, as IPv4's and IPv6's
+/// headers hold them: one sum over both.
+pub fn pseudo_sum_of(addrs: &[u8], proto: u8, len: usize) -> u64 {
+    partial_sum(addrs, 0) + u64::from(proto) + len as u64
 }
 
 /// Writes the checksum of a header or message into its own field: zeroes the field at
@@ -184,6 +221,42 @@ mod tests {
         #[test]
         fn wide_sum_matches_reference(data in proptest::collection::vec(any::<u8>(), 0..3000)) {
             prop_assert_eq!(checksum(&data), reference(&data));
+        }
+
+        #[test]
+        fn short_sums_match_reference(data in proptest::collection::vec(any::<u8>(), 0..70)) {
+            prop_assert_eq!(checksum(&data), reference(&data));
+        }
+
+        /// Sums of the parts, added, are the sum of the whole (callers add a pseudo-header's
+        /// sum to a message's), whichever way each part was summed.
+        #[test]
+        fn sums_of_parts_add_up(
+            a in proptest::collection::vec(any::<u8>(), 0..80),
+            b in proptest::collection::vec(any::<u8>(), 0..80),
+            proto in any::<u8>(),
+        ) {
+            let mut a = a;
+            if a.len() % 2 == 1 {
+                a.pop();
+            }
+            let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+            prop_assert_eq!(!fold(partial_sum(&a, 0) + partial_sum(&b, 0)), reference(&whole));
+            let (src, dst) = a.split_at(a.len() / 2 / 2 * 2);
+            prop_assert_eq!(
+                fold(pseudo_sum_of(&a, proto, b.len())),
+                fold(pseudo_sum(src, dst, proto, b.len()))
+            );
+        }
+
+        /// The folds of the textbook loop, for any sum: its carries added until none is left.
+        #[test]
+        fn fold_is_the_loop(acc in prop_oneof![any::<u64>(), 0u64..0x3_0000, Just(u64::MAX), Just(0xffff)]) {
+            let mut a = acc;
+            while a >> 16 != 0 {
+                a = (a & 0xffff) + (a >> 16);
+            }
+            prop_assert_eq!(fold(acc), a as u16);
         }
     }
 }

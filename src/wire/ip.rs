@@ -207,7 +207,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     /// Pseudo-header sum for an upper-layer length `len` (RFC 793/768), not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[field_v4::SRC_ADDR], &b[field_v4::DST_ADDR], proto, len)
+        checksum::pseudo_sum_of(&b[field_v4::SRC_ADDR.start..field_v4::DST_ADDR.end], proto, len)
     }
 }
 
@@ -289,7 +289,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     /// Pseudo-header sum (RFC 8200 8.1) for an upper-layer length `len`, not folded.
     pub fn pseudo_sum(&self, proto: u8, len: usize) -> u64 {
         let b = self.buf.as_ref();
-        checksum::pseudo_sum(&b[field_v6::SRC_ADDR], &b[field_v6::DST_ADDR], proto, len)
+        checksum::pseudo_sum_of(&b[field_v6::SRC_ADDR.start..field_v6::DST_ADDR.end], proto, len)
     }
 
     /// Walks hop-by-hop, routing and destination-options headers to the upper layer. A
