@@ -2,6 +2,8 @@
 //! ports and stations the input picks, forwarded by a switch that lets plain frames take the
 //! burst path (`Switch::plain_destination`, `Run`) and by one that forwards every frame the
 //! general way (`Switch::general_only`), as a TX worker does (ports/vhost_user/tx.rs).
+//! The input's first byte picks the rules both switches run under: an egress checksum
+//! action on each port or not, the router on or not.
 //! Invariant, asserted: every port receives the same frames in the same order, the tables
 //! learn the same stations, and every counter is the same. Port 2 has no burst path of its
 //! own, so its runs fall back to the outbox.
@@ -9,9 +11,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use dpaa_vnic::pipeline::csum_action::CsumAction;
+use dpaa_vnic::pipeline::csum_action::{self, CsumAction};
 use dpaa_vnic::pipeline::fdb::FdbCache;
-use dpaa_vnic::pipeline::router::RouteCache;
+use dpaa_vnic::pipeline::router::{RouteCache, RouteTable, RouterIf, ROUTER_MAC};
+use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::switch::Run;
 use dpaa_vnic::pipeline::{Admitted, Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::stats::Tally;
@@ -58,33 +61,42 @@ impl Egress for Recorder {
         tally: &Tally,
         flow: usize,
         frames: &mut [&mut [u8]],
-        _actions: &[CsumAction],
+        actions: &[CsumAction],
     ) -> Option<usize> {
-        // The switch here has no rules: no port has actions.
         if !self.plain {
             return None;
         }
         let mut n = 0;
-        for f in frames.iter() {
-            if self.takes(tally, flow, f) {
-                self.got.lock().unwrap().push(f.to_vec());
-                n += 1;
+        for f in frames.iter_mut() {
+            if !self.takes(tally, flow, f) {
+                continue;
             }
+            // As a guest port does (ports/vhost_user/rx.rs): the egress actions on each
+            // frame the filter took.
+            let mut pkt = Packet::new(VirtioNetHdr::default(), f);
+            if !actions.is_empty() && !csum_action::apply(actions, &mut pkt, tally.at(self.id, flow)) {
+                continue;
+            }
+            self.got.lock().unwrap().push(pkt.frame.to_vec());
+            n += 1;
         }
         Some(n)
     }
 }
 
-/// The stations the input picks from: one per port, a multicast and the broadcast address.
+/// The stations the input picks from: one per port, a multicast and the broadcast address,
+/// the router's.
 fn station(pick: u8) -> MacAddr {
-    match pick % 8 {
+    match pick % 9 {
         6 => MacAddr([0x01, 0, 0x5e, 0, 0, 1]),
         7 => MacAddr::BROADCAST,
+        8 => ROUTER_MAC,
         n => MacAddr([2, 0, 0, 0, 0, n + 1]),
     }
 }
 
-/// One frame from two input bytes: which header, which destination and source, how long.
+/// One frame from two input bytes: which header, which destination and source, what it
+/// carries (bytes of no protocol, or UDP over IPv4 with checksums to rewrite), how long.
 fn frame(i: usize, meta: u8, len: u8) -> Vec<u8> {
     let mut f = vec![0u8; HDR];
     if meta & 1 != 0 {
@@ -95,9 +107,28 @@ fn frame(i: usize, meta: u8, len: u8) -> Vec<u8> {
     }
     f.extend_from_slice(&station(meta >> 1).0);
     f.extend_from_slice(&station(meta >> 4).0);
+    if meta & 0x80 != 0 {
+        f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 68, 0, 1, 0, 0, 64, 17, 0xde, 0xad]);
+        f.extend_from_slice(&[198, 18, 0, 1, 198, 18, 1, 2, 0x30, 0x39, 0, 0x35, 0, 48, 0xbe, 0xef]);
+    }
     f.extend((0..).map(|k: usize| (k + i) as u8).take(usize::from(len)));
     f.truncate(HDR + usize::from(len));
     f
+}
+
+/// The rules the first input byte asks for: bit N (0-2) an egress action on port N, bit 3
+/// the router on 198.18.0.0/24 (port 0) and 198.18.1.0/24 (port 1).
+fn rules(pick: u8) -> Rules {
+    let actions = (0..PORTS)
+        .filter(|p| pick & (1 << p) != 0)
+        .map(|p| format!("port={p},dir=egress,update=iph+udp").parse().unwrap())
+        .collect();
+    let ifaces: Vec<RouterIf> = if pick & 8 != 0 {
+        vec!["0=198.18.0.254/24".parse().unwrap(), "1=198.18.1.254/24".parse().unwrap()]
+    } else {
+        Vec::new()
+    };
+    Rules::with_router(PORTS, actions, RouteTable::new(ifaces, Vec::new()))
 }
 
 /// Batches as the input cuts them: `[port, n, (meta, len) * n]` each.
@@ -179,8 +210,11 @@ fn drive(sw: Switch, input: &[(usize, Vec<Vec<u8>>)]) -> (Vec<Vec<Vec<u8>>>, Vec
 }
 
 fuzz_target!(|data: &[u8]| {
+    let Some((pick, data)) = data.split_first() else {
+        return;
+    };
     let input = batches(data);
-    let burst = drive(Switch::new(PORTS), &input);
-    let general = drive(Switch::new(PORTS).general_only(), &input);
+    let burst = drive(Switch::with_rules(rules(*pick)), &input);
+    let general = drive(Switch::with_rules(rules(*pick)).general_only(), &input);
     assert_eq!(burst, general);
 });
