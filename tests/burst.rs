@@ -7,24 +7,22 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dpaa_vnic::device::filter::Layout;
-use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::csum_action::CsumAction;
 use dpaa_vnic::pipeline::router::{RouteTable, RouterIf, ROUTER_MAC};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, OutboxBuffers, Packet, PortFrames, Switch};
-use dpaa_vnic::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
+use dpaa_vnic::ports::vhost_user::GuestPort;
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress};
 
 use common::frontend::*;
+use common::port::{serve_port, PortOpts};
 use common::wait_until;
 
 const HDR: usize = 12;
@@ -269,37 +267,6 @@ struct Outcome {
     a_tx_used: u16,
 }
 
-fn serve(switch: &Arc<Switch>, id: usize, path: &Path) -> Arc<GuestPort> {
-    let cfg = NetConfig {
-        mac: mac(id as u8 + 1),
-        link_up: true,
-        max_queue_pairs: 1,
-        mtu: 1500,
-    };
-    let filter = FilterConfig {
-        layout: Layout::Memac,
-        exact_limit: 4096,
-        snoop: Snooping::Off,
-        snoop_max_groups: 16,
-    };
-    let port = Arc::new(GuestPort::new(
-        id,
-        path.to_path_buf(),
-        1,
-        cfg,
-        filter,
-        switch.clone(),
-    ));
-    switch.attach(id, port.clone());
-    let bound = port.bind(Default::default()).unwrap();
-    let p = port.clone();
-    thread::spawn(move || {
-        let _claim = bound.claim;
-        vhost_user::serve(p, bound.listener, dpaa_vnic::stop::Stop::default())
-    });
-    port
-}
-
 /// Sends `frames` from guest A to the switch, B's ring and the sink behind it, and returns
 /// what they got.
 fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
@@ -307,7 +274,9 @@ fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let switch = Arc::new(switch);
     let paths = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let ports: Vec<Arc<GuestPort>> = (0..2).map(|id| serve(&switch, id, &paths[id])).collect();
+    let ports: Vec<Arc<GuestPort>> = (0..2)
+        .map(|id| serve_port(&switch, id, &paths[id], PortOpts::default()))
+        .collect();
     let sink = Arc::new(Sink::default());
     switch.attach(2, sink.clone());
     let features = VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES;

@@ -12,11 +12,9 @@ use std::thread;
 use std::time::Duration;
 
 use dpaa_vnic::device::features::Attachment;
-use dpaa_vnic::device::filter::Layout;
-use dpaa_vnic::device::NetConfig;
 use dpaa_vnic::pipeline::{Egress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::ports::poll::{PollConfig, PollGroup};
-use dpaa_vnic::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
+use dpaa_vnic::ports::vhost_user::{GuestPort, Snooping};
 use dpaa_vnic::stats::{Tally, TallyHandle};
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use vhost::vhost_user::message::VhostUserConfigFlags;
@@ -27,6 +25,7 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use common::frontend::*;
+use common::port::{serve_port, PortOpts};
 use common::wait_until;
 
 const HDR: usize = 12;
@@ -86,7 +85,12 @@ fn rig_port(ctrl_poll: Duration, snoop: Snooping, poll: Option<Arc<PollGroup>>) 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vnic.sock");
     let switch = Arc::new(Switch::new(2));
-    let port = serve_port(&switch, 0, &path, ctrl_poll, snoop, poll);
+    let opts = PortOpts {
+        ctrl_poll: Some(ctrl_poll),
+        snoop,
+        poll,
+    };
+    let port = serve_port(&switch, 0, &path, opts);
     let sink = Arc::new(Sink::default());
     switch.attach(1, sink.clone());
     Rig {
@@ -97,43 +101,6 @@ fn rig_port(ctrl_poll: Duration, snoop: Snooping, poll: Option<Arc<PollGroup>>) 
         tally: switch.tallies().register(),
         switch,
     }
-}
-
-/// Guest port `id` of `switch` (MAC 52:54:00:d0:aa:0<id + 1>), attached and served on `path`.
-fn serve_port(
-    switch: &Arc<Switch>,
-    id: usize,
-    path: &std::path::Path,
-    ctrl_poll: Duration,
-    snoop: Snooping,
-    poll: Option<Arc<PollGroup>>,
-) -> Arc<GuestPort> {
-    let cfg = NetConfig {
-        mac: format!("52:54:00:d0:aa:{:02x}", id + 1).parse().unwrap(),
-        link_up: true,
-        max_queue_pairs: 1,
-        mtu: 1500,
-    };
-    let filter = FilterConfig {
-        layout: Layout::Memac,
-        exact_limit: 4096,
-        snoop,
-        snoop_max_groups: 16_384,
-    };
-    let port =
-        GuestPort::new(id, path.to_path_buf(), 1, cfg, filter, switch.clone()).with_ctrl_poll(ctrl_poll);
-    let port = Arc::new(match poll {
-        Some(group) => port.with_poll(group),
-        None => port,
-    });
-    switch.attach(id, port.clone());
-    let bound = port.bind(Default::default()).unwrap();
-    let p = port.clone();
-    thread::spawn(move || {
-        let _claim = bound.claim;
-        vhost_user::serve(p, bound.listener, dpaa_vnic::stop::Stop::default())
-    });
-    port
 }
 
 /// Posts two 2 KiB receive buffers and kicks, as a driver does after DRIVER_OK.
@@ -498,7 +465,13 @@ fn a_burst_between_two_guests_arrives_whole_and_in_order() {
     let switch = Arc::new(Switch::new(2));
     let paths = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let ports: Vec<Arc<GuestPort>> = (0..2)
-        .map(|id| serve_port(&switch, id, &paths[id], Duration::ZERO, Snooping::Off, None))
+        .map(|id| {
+            let opts = PortOpts {
+                ctrl_poll: Some(Duration::ZERO),
+                ..PortOpts::default()
+            };
+            serve_port(&switch, id, &paths[id], opts)
+        })
         .collect();
     let features = VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES;
     let mut a = Guest::connect(&paths[0], features);

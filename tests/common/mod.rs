@@ -2,6 +2,7 @@
 
 pub mod daemon;
 pub mod frontend;
+pub mod port;
 
 use std::thread;
 use std::time::{Duration, Instant};
