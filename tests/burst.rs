@@ -208,7 +208,8 @@ fn sent() -> impl Strategy<Value = Vec<Sent>> {
 /// The rules both switches run under, and how B's driver is set up.
 #[derive(Debug, Clone, Copy)]
 struct Setup {
-    /// Egress checksum actions on B (bit 0) and on the sink (bit 1).
+    /// Egress checksum actions on B (bit 0) and on the sink (bit 1), an ingress one on A
+    /// (bit 2).
     actions: u8,
     router: bool,
     promisc: bool,
@@ -219,7 +220,7 @@ struct Setup {
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (0u8..4, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+    (0u8..8, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
         |(actions, router, promisc, guest_csum)| Setup {
             actions,
             router,
@@ -237,6 +238,7 @@ impl Setup {
         let actions = [
             (1, "port=1,dir=egress,update=iph+udp"),
             (2, "port=2,dir=egress,update=iph+tcp"),
+            (4, "port=0,dir=ingress,update=iph+udp"),
         ]
         .iter()
         .filter(|(bit, _)| self.actions & bit != 0)
@@ -451,36 +453,70 @@ fn frames_taken_before_the_ring_breaks_are_delivered() {
     assert_eq!(burst.b_rx.len(), frames.len());
 }
 
-/// With the router on and a checksum action on B's egress, plain UDP frames still go as
-/// the general path sends them: checksums rewritten, DATA_VALID in the header B takes; and
-/// an action that drops (an IPv4 header shorter than its minimum) drops there too.
+/// With the router on and a checksum action on B's egress or on A's ingress, plain UDP
+/// frames still go as the general path sends them: checksums rewritten, DATA_VALID in the
+/// header B takes; and an action that drops (an IPv4 header shorter than its minimum) drops
+/// there too.
 #[test]
 fn actions_and_the_router_leave_plain_frames_as_the_general_path_does() {
+    for actions in [1, 4] {
+        let setup = Setup {
+            actions,
+            router: true,
+            promisc: false,
+            guest_csum: true,
+            broken_tail: false,
+        };
+        let mut frames = to_b(20, Body::Udp4);
+        frames.extend(to_b(5, Body::ShortIhl4));
+        frames.extend(to_b(5, Body::Udp4));
+        // Two ARP requests for the router's address on A's side, among them: the router
+        // answers.
+        frames.splice(10..10, to_b(2, Body::Arp));
+        let burst = run(Switch::with_rules(setup.rules()), &frames, setup);
+        let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
+        assert_eq!(burst, general, "actions {actions}");
+        assert_eq!(burst.b_rx.len(), 25);
+        assert_eq!(burst.a_rx.len(), 2, "the router's answers");
+        for (_, got) in &burst.b_rx {
+            // The header's flags: DATA_VALID (2), the action having computed the UDP
+            // checksum.
+            assert_eq!(got[0], 2, "{:?}", &got[..HDR]);
+            let ip = &got[HDR + 14..HDR + 34];
+            let sum = ip
+                .chunks(2)
+                .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+                .sum::<u32>();
+            assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "IPv4 header checksum");
+        }
+    }
+}
+
+/// A frame an ingress action drops teaches the switch nothing, on either path: a station
+/// learned on B's port that A's dropped frames claim stays on B's port, and A's frames to
+/// it still reach B.
+#[test]
+fn a_frame_an_ingress_action_drops_is_not_learned_from() {
     let setup = Setup {
-        actions: 1,
-        router: true,
-        promisc: false,
-        guest_csum: true,
+        actions: 4,
+        router: false,
+        promisc: true,
+        guest_csum: false,
         broken_tail: false,
     };
-    let mut frames = to_b(20, Body::Udp4);
-    frames.extend(to_b(5, Body::ShortIhl4));
-    frames.extend(to_b(5, Body::Udp4));
-    // Two ARP requests for the router's address on A's side, among them: the router answers.
-    frames.splice(10..10, to_b(2, Body::Arp));
+    let mut frames: Vec<Sent> = to_b(3, Body::ShortIhl4)
+        .into_iter()
+        .map(|s| Sent {
+            src: mac(ELSEWHERE_ON_B),
+            ..s
+        })
+        .collect();
+    frames.extend(to_b(3, Body::Raw).into_iter().map(|s| Sent {
+        dst: mac(ELSEWHERE_ON_B),
+        ..s
+    }));
     let burst = run(Switch::with_rules(setup.rules()), &frames, setup);
     let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
     assert_eq!(burst, general);
-    assert_eq!(burst.b_rx.len(), 25);
-    assert_eq!(burst.a_rx.len(), 2, "the router's answers");
-    for (_, got) in &burst.b_rx {
-        // The header's flags: DATA_VALID (2), the action having computed the UDP checksum.
-        assert_eq!(got[0], 2, "{:?}", &got[..HDR]);
-        let ip = &got[HDR + 14..HDR + 34];
-        let sum = ip
-            .chunks(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum::<u32>();
-        assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "IPv4 header checksum");
-    }
+    assert_eq!(burst.b_rx.len(), 3);
 }

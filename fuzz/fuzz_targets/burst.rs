@@ -2,8 +2,8 @@
 //! ports and stations the input picks, forwarded by a switch that lets plain frames take the
 //! burst path (`Switch::plain_destination`, `Run`) and by one that forwards every frame the
 //! general way (`Switch::general_only`), as a TX worker does (ports/vhost_user/tx.rs).
-//! The input's first byte picks the rules both switches run under: an egress checksum
-//! action on each port or not, the router on or not.
+//! The input's first byte picks the rules both switches run under: an egress and an
+//! ingress checksum action on each port or not, the router on or not.
 //! Invariant, asserted: every port receives the same frames in the same order, the tables
 //! learn the same stations, and every counter is the same. Port 2 has no burst path of its
 //! own, so its runs fall back to the outbox.
@@ -16,7 +16,7 @@ use dpaa_vnic::pipeline::fdb::FdbCache;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable, RouterIf, ROUTER_MAC};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::switch::Run;
-use dpaa_vnic::pipeline::{Admitted, Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
+use dpaa_vnic::pipeline::{Admitted, Egress, Ingress, OutboxBuffers, Packet, Plain, PortFrames, Switch};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
@@ -117,12 +117,16 @@ fn frame(i: usize, meta: u8, len: u8) -> Vec<u8> {
 }
 
 /// The rules the first input byte asks for: bit N (0-2) an egress action on port N, bit 3
-/// the router on 198.18.0.0/24 (port 0) and 198.18.1.0/24 (port 1).
+/// the router on 198.18.0.0/24 (port 0) and 198.18.1.0/24 (port 1), bit 4 + N an ingress
+/// action on port N (0-2).
 fn rules(pick: u8) -> Rules {
-    let actions = (0..PORTS)
+    let egress = (0..PORTS)
         .filter(|p| pick & (1 << p) != 0)
-        .map(|p| format!("port={p},dir=egress,update=iph+udp").parse().unwrap())
-        .collect();
+        .map(|p| format!("port={p},dir=egress,update=iph+udp"));
+    let ingress = (0..PORTS)
+        .filter(|p| pick & (1 << (4 + p)) != 0)
+        .map(|p| format!("port={p},dir=ingress,update=iph+udp"));
+    let actions = egress.chain(ingress).map(|a| a.parse().unwrap()).collect();
     let ifaces: Vec<RouterIf> = if pick & 8 != 0 {
         vec!["0=198.18.0.254/24".parse().unwrap(), "1=198.18.1.254/24".parse().unwrap()]
     } else {
@@ -182,14 +186,18 @@ fn drive(sw: Switch, input: &[(usize, Vec<Vec<u8>>)]) -> (Vec<Vec<Vec<u8>>>, Vec
             originated: &mut originated,
         };
         let rules = sw.rules().load();
-        let burst = sw.burst_from(&rules, *port);
+        let burst = sw.burst_from();
         let mut run = Run::default();
         for f in frames.iter_mut() {
             let (hdr, frame) = f.split_at_mut(HDR);
             if burst && VirtioNetHdr::asks_nothing(hdr) {
-                if let Some(to) = sw.plain_destination(&rules, &mut from, frame) {
-                    run.push(&sw, &rules, &from, to, frame, &mut out);
-                    continue;
+                match sw.plain_destination(&rules, &mut from, frame) {
+                    Some(Plain::To(to)) => {
+                        run.push(&sw, &rules, &from, to, frame, &mut out);
+                        continue;
+                    }
+                    Some(Plain::Dropped) => continue,
+                    None => {}
                 }
             }
             run.write(&sw, &rules, &from, &mut out);

@@ -16,4 +16,4 @@ pub mod switch;
 
 pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames, RUN_FRAMES};
 pub use packet::Packet;
-pub use switch::{Ingress, Switch};
+pub use switch::{Dest, Ingress, Plain, Switch};

@@ -199,25 +199,31 @@ impl Switch {
         Forwarded::Flooded
     }
 
-    /// Whether frames from port `src` may take the burst path under `rules`: no ingress
-    /// action on `src`. Asked once per batch.
-    pub fn burst_from(&self, rules: &Rules, src: usize) -> bool {
-        self.burst && rules.actions_for(src, Dir::Ingress).is_empty()
+    /// Whether frames may take the burst path ([`Switch::plain_destination`]); false for
+    /// the switch `general_only` makes. Asked once per batch.
+    pub fn burst_from(&self) -> bool {
+        self.burst
     }
 
     /// The burst path's question for a frame from `from` whose header asks for nothing
     /// (the caller checked it, and [`Switch::burst_from`]): the port it goes to, when that
     /// is one learned port other than its own, attached, and the router (if configured)
-    /// would only switch the frame ([`router::switches_only`]). The source is then learned,
-    /// as [`Switch::forward`] learns it, and the frame is the caller's to hand to
-    /// [`Switch::write_run`]. `None`: nothing was done, and the frame takes
-    /// [`Switch::forward`].
+    /// would only switch the frame ([`router::switches_only`]). The sender's ingress
+    /// actions then run on the frame, as [`Switch::forward`] runs them first (a checksum
+    /// action moves no MAC and no EtherType, so the answers before stay the same), and the
+    /// source is learned as `forward` learns it; the frame is the caller's to hand to a
+    /// [`Run`]. `None`: nothing was done, and the frame takes [`Switch::forward`].
     ///
     /// The destination is looked up before the source is learned, where `forward` learns
     /// first: with the two addresses different (checked), a learn changes only the
     /// source's own entry, so the answer is the same.
     #[inline]
-    pub fn plain_destination(&self, rules: &Rules, from: &mut Ingress<'_>, frame: &[u8]) -> Option<usize> {
+    pub fn plain_destination(
+        &self,
+        rules: &Rules,
+        from: &mut Ingress<'_>,
+        frame: &mut [u8],
+    ) -> Option<Plain> {
         let (dst, smac) = (MacAddr::from_slice(frame)?, MacAddr::from_slice(frame.get(6..)?)?);
         if frame.len() < ethernet::HEADER_LEN || !dst.is_unicast() || dst == smac {
             return None;
@@ -230,10 +236,20 @@ impl Switch {
         if to == src || self.port(to).is_none() {
             return None;
         }
+        let ingress = rules.actions_for(src, Dir::Ingress);
+        let mut flags = 0;
+        if !ingress.is_empty() {
+            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+            // A frame an ingress action drops is not learned from (`forward`).
+            if !apply(ingress, &mut pkt, from.stats()) {
+                return Some(Plain::Dropped);
+            }
+            flags = pkt.hdr.flags;
+        }
         if from.fdb.learn(&self.fdb, &smac, src) == Learned::Refused {
             from.stats().fdb_refused.inc();
         }
-        Some(to)
+        Some(Plain::To(Dest { port: to, flags }))
     }
 
     /// Writes a run of frames [`Switch::plain_destination`] sent to port `to`, through
@@ -375,6 +391,22 @@ impl Switch {
     }
 }
 
+/// Where the burst path sends a frame: the port, and the header flags the sender's ingress
+/// actions left on it (DATA_VALID, or none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    pub port: usize,
+    pub flags: u8,
+}
+
+/// What [`Switch::plain_destination`] did with a frame it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plain {
+    To(Dest),
+    /// An ingress action dropped it (counted there).
+    Dropped,
+}
+
 /// The frames the burst path sends to one port, in the order they came
 /// ([`Switch::plain_destination`]), lent from the worker's arena as an outbox holds its
 /// frames: written ([`Switch::write_run`]) when a frame goes to another port or by the
@@ -387,19 +419,30 @@ pub struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// Adds `frame`, for port `to`, writing the frames before it first if they go elsewhere.
+    /// Adds `frame`, for `to`, writing the frames before it first if they go elsewhere. A
+    /// frame an ingress action marked DATA_VALID carries a header of its own: it is queued
+    /// in `out` after the run, as `forward` queues a frame for one port.
     pub fn push(
         &mut self,
         switch: &Switch,
         rules: &Rules,
         from: &Ingress<'_>,
-        to: usize,
+        to: Dest,
         frame: &'a mut [u8],
         out: &mut Outbox<'a>,
     ) {
-        if self.to != to || self.frames.is_full() {
+        if to.flags != 0 {
             self.write(switch, rules, from, out);
-            self.to = to;
+            let hdr = VirtioNetHdr {
+                flags: to.flags,
+                ..VirtioNetHdr::default()
+            };
+            switch.unicast(rules, out, to.port, from.queue, Packet::new(hdr, frame));
+            return;
+        }
+        if self.to != to.port || self.frames.is_full() {
+            self.write(switch, rules, from, out);
+            self.to = to.port;
         }
         self.frames.push(frame);
     }

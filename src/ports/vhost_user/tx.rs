@@ -22,7 +22,7 @@ use crate::pipeline::gso::{self, GsoError};
 use crate::pipeline::outbox::OUTBOX_FRAMES;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::rules::Rules;
-use crate::pipeline::switch::Run;
+use crate::pipeline::switch::{Dest, Plain, Run};
 use crate::pipeline::{Ingress, Outbox, OutboxBuffers, Packet, Switch};
 use crate::ports::arena::Arena;
 use crate::stats::{QueueStats, Tally};
@@ -174,7 +174,7 @@ impl TxWorker {
                 run.write(tx.switch, &before, &from, &mut out);
             }
             // A snooping port's frames take the general path, which looks for reports.
-            let burst = !tx.port.rx.snooping && tx.switch.burst_from(&rules, tx.port.id);
+            let burst = !tx.port.rx.snooping && tx.switch.burst_from();
             let mut taken = 0;
             for slot in batch.drain(..) {
                 spent.chains += 1;
@@ -184,10 +184,11 @@ impl TxWorker {
                 };
                 let chain = if burst {
                     match plain_frame(tx, &rules, &mut from, stats, chain, hdr_len) {
-                        Ok((to, frame)) => {
+                        Ok(Some((to, frame))) => {
                             run.push(tx.switch, &rules, &from, to, frame, &mut out);
                             continue;
                         }
+                        Ok(None) => continue,
                         Err(chain) => chain,
                     }
                 } else {
@@ -260,7 +261,8 @@ fn forward<'a>(
 /// The burst path's admission ([`Switch::plain_destination`]): a chain whose header asks
 /// for nothing ([`VirtioNetHdr::asks_nothing`]), from a source `--port-mac-lock` allows, to
 /// one learned port. Counted as [`admit`] counts it (on `stats`, the worker's queue).
-/// `Err`: the chain, for the general path, nothing done or counted.
+/// `Ok(None)`: an ingress action dropped the frame. `Err`: the chain, for the general path,
+/// nothing done or counted.
 #[inline]
 fn plain_frame<'a>(
     tx: &TxQueue<'_>,
@@ -269,17 +271,17 @@ fn plain_frame<'a>(
     stats: &QueueStats,
     chain: &'a mut [u8],
     hdr_len: usize,
-) -> Result<(usize, &'a mut [u8]), &'a mut [u8]> {
+) -> Result<Option<(Dest, &'a mut [u8])>, &'a mut [u8]> {
     if !VirtioNetHdr::asks_nothing(&chain[..hdr_len]) || !tx.port.source_lock.allows(&chain[hdr_len..]) {
         return Err(chain);
     }
-    let frame = &chain[hdr_len..];
     let found = tx.port.health.catch_bug("a transmitted frame", || {
-        tx.switch.plain_destination(rules, from, frame)
+        tx.switch.plain_destination(rules, from, &mut chain[hdr_len..])
     });
-    let Some(to) = found.flatten() else {
+    let Some(plain) = found.flatten() else {
         return Err(chain);
     };
+    let frame = &mut chain[hdr_len..];
     stats.tx_packets.inc();
     stats.tx_bytes.add(frame.len() as u64);
     trace!(
@@ -288,7 +290,10 @@ fn plain_frame<'a>(
         frame.len(),
         tx.pair
     );
-    Ok((to, &mut chain[hdr_len..]))
+    Ok(match plain {
+        Plain::To(to) => Some((to, frame)),
+        Plain::Dropped => None,
+    })
 }
 
 /// Counts a frame the guest sent and checks it before it goes anywhere: its header, its
