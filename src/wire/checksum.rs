@@ -15,11 +15,14 @@ pub enum ChecksumError {
 #[inline]
 pub fn partial_sum(data: &[u8], initial: u32) -> u64 {
     // Most sums are short (two addresses, an IPv4 header, a small datagram): a few
-    // big-endian word adds, left unfolded. Longer data goes through the lanes.
+    // big-endian word adds, left unfolded. Longer data goes through the lanes, and what is
+    // left after its last whole block is summed as short data is.
+    let blocks = data.chunks_exact(32);
+    let tail = sum_words(blocks.remainder()) + u64::from(initial);
     if data.len() < 32 {
-        return sum_words(data) + u64::from(initial);
+        return tail;
     }
-    u64::from(fold(sum_blocks(data)).swap_bytes()) + u64::from(initial)
+    u64::from(fold(sum_blocks(blocks)).swap_bytes()) + tail
 }
 
 /// The big-endian 32-bit words of `data`, then its last two or three bytes (an odd last
@@ -40,34 +43,20 @@ fn sum_words(data: &[u8]) -> u64 {
     acc
 }
 
-/// The sum of `data`'s little-endian 32-bit words, over 32-byte blocks in eight independent
-/// lanes, then the rest: folded and byte-swapped, it is the big-endian sum (one's-complement
-/// sums do not depend on byte order except for that final swap, RFC 1071, 2.B), and the
-/// lanes vectorise without a byte shuffle. LLVM keeps them in vector registers whatever the
-/// surrounding code looks like (a single `.sum()` chain vectorised or not depending on what
-/// else the crate's codegen unit held).
-fn sum_blocks(data: &[u8]) -> u64 {
-    let mut blocks = data.chunks_exact(32);
+/// The sum of the little-endian 32-bit words of `blocks`, in eight independent lanes:
+/// folded and byte-swapped, it is the big-endian sum (one's-complement sums do not depend
+/// on byte order except for that final swap, RFC 1071, 2.B), and the lanes vectorise
+/// without a byte shuffle. LLVM keeps them in vector registers whatever the surrounding
+/// code looks like (a single `.sum()` chain vectorised or not depending on what else the
+/// crate's codegen unit held).
+fn sum_blocks(blocks: std::slice::ChunksExact<'_, u8>) -> u64 {
     let mut lanes = [0u64; 8];
-    for b in &mut blocks {
+    for b in blocks {
         for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(4)) {
             *lane += u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
         }
     }
-    let mut words = blocks.remainder().chunks_exact(4);
-    let mut acc = lanes.iter().sum::<u64>()
-        + (&mut words)
-            .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .sum::<u64>();
-    let rest = words.remainder();
-    if let [a, b, ..] = rest {
-        acc += u64::from(u16::from_le_bytes([*a, *b]));
-    }
-    if rest.len() % 2 == 1 {
-        // The high byte of a big-endian word: the low one here.
-        acc += u64::from(rest[rest.len() - 1]);
-    }
-    acc
+    lanes.iter().sum()
 }
 
 /// Folds a wide sum to 16 bits (not inverted): four end-around carries take any u64 there,
