@@ -186,7 +186,7 @@ fn drive(sw: Switch, input: &[(usize, Vec<Vec<u8>>)]) -> (Vec<Vec<Vec<u8>>>, Vec
             originated: &mut originated,
         };
         let rules = sw.rules().load();
-        let burst = sw.burst_from();
+        let burst = sw.burst_path();
         let mut run = Run::default();
         for f in frames.iter_mut() {
             let (hdr, frame) = f.split_at_mut(HDR);

@@ -201,12 +201,12 @@ impl Switch {
 
     /// Whether frames may take the burst path ([`Switch::plain_destination`]); false for
     /// the switch `general_only` makes. Asked once per batch.
-    pub fn burst_from(&self) -> bool {
+    pub fn burst_path(&self) -> bool {
         self.burst
     }
 
     /// The burst path's question for a frame from `from` whose header asks for nothing
-    /// (the caller checked it, and [`Switch::burst_from`]): the port it goes to, when that
+    /// (the caller checked it, and [`Switch::burst_path`]): the port it goes to, when that
     /// is one learned port other than its own, attached, and the router (if configured)
     /// would only switch the frame ([`router::switches_only`]). The sender's ingress
     /// actions then run on the frame, as [`Switch::forward`] runs them first (a checksum

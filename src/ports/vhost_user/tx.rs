@@ -174,7 +174,7 @@ impl TxWorker {
                 run.write(tx.switch, &before, &from, &mut out);
             }
             // A snooping port's frames take the general path, which looks for reports.
-            let burst = !tx.port.rx.snooping && tx.switch.burst_from();
+            let burst = !tx.port.rx.snooping && tx.switch.burst_path();
             let mut taken = 0;
             for slot in batch.drain(..) {
                 spent.chains += 1;
