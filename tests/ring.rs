@@ -3,16 +3,20 @@
 //! memory, an avail index too far ahead), read both ways, must give the same chains, and
 //! returning them both ways must leave the same used ring and the same interrupt decision.
 //! A prefetch of any of it first changes none of that. The one-descriptor lanes of the TX
-//! copy and the RX write do on such rings exactly what the general walks do.
+//! copy and the RX write do on such rings exactly what the general walks do, and so does
+//! the single copy (a frame's rest left in its sender's buffer, then written from there).
 
+use dpaa_vnic::pipeline::BurstFrame;
 use dpaa_vnic::ports::vhost_user::rx_chain::{RxError, RxRun};
 use dpaa_vnic::ports::vhost_user::split_ring::{wants_interrupt_after, GuestBuffers, SplitRing};
-use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::tx_chain::{
+    pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH,
+};
 use dpaa_vnic::wire::VirtioNetHdr;
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 const SIZE: u16 = 16;
 const MEM: usize = 0x1_0000;
@@ -344,6 +348,100 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// The single copy, receive side: a plain frame whose bytes after `cut` are still in
+    /// its sender's buffer is written, by the lane and by the general walk, as the whole
+    /// frame is: the same results, ring positions and bytes in memory.
+    #[test]
+    fn a_frame_left_partly_in_its_senders_buffer_is_written_as_a_whole_one(
+        l in layout(),
+        plain in any::<u16>(),
+        frames in prop::collection::vec((0usize..0x600, any::<prop::sample::Index>()), 1..8),
+        hdr_len in prop_oneof![Just(10usize), Just(12), Just(20)],
+        mrg in any::<bool>(),
+        general in any::<bool>(),
+    ) {
+        let l = with_plain(l, plain, 2, 0x60);
+        let (m1, mut q1) = build(&l);
+        let (m2, mut q2) = build(&l);
+        let r1 = SplitRing::new(&q1, &m1).expect("started");
+        let r2 = SplitRing::new(&q2, &m2).expect("started");
+        let run = || if general { RxRun::new(hdr_len, mrg).general_only() } else { RxRun::new(hdr_len, mrg) };
+        let (mut split, mut whole) = (run(), run());
+        for (k, (len, cut)) in frames.iter().enumerate() {
+            let frame: Vec<u8> = (0..*len).map(|i| (i * 7 + k) as u8).collect();
+            let cut = cut.index(len + 1);
+            // The room's bytes past the cut are not the frame's: reading them shows.
+            let mut room = frame.clone();
+            room[cut..].fill(0xee);
+            let mut sent = frame.clone();
+            let rest = VolatileSlice::from(&mut sent[cut..]);
+            let mut f = BurstFrame::with_rest(&mut room, rest).expect("a rest within the frame");
+            let a = split.push_plain(&mut q1, &r1, &mut f);
+            let b = whole.push(&mut q2, &r2, &VirtioNetHdr::default(), &frame);
+            prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "frame {}", k);
+            prop_assert_eq!((q1.next_avail(), q1.next_used()), (q2.next_avail(), q2.next_used()));
+        }
+        let a = split.finish(&q1, &r1);
+        let b = whole.finish(&q2, &r2);
+        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        prop_assert!(bytes(&m1) == bytes(&m2), "guest memory differs");
+    }
+
+    /// The single copy, transmit side: a batch taken with a copy limit copies each chain's
+    /// first bytes, says where the rest of a longer one-descriptor chain lies, and shows the
+    /// driver nothing (the used index stays) until the chains are given back; the rests read from there and the bytes copied make
+    /// what a whole copy makes, and giving the batch back leaves the used ring a whole
+    /// batch leaves.
+    #[test]
+    fn a_batch_taken_with_a_copy_limit_is_the_whole_batch_once_its_rests_are_read(
+        l in layout(),
+        plain in any::<u16>(),
+        limit in 0usize..0x300,
+        frame_max in prop_oneof![Just(0x40usize), Just(0x200), Just(0x1000)],
+        hdr_len in prop_oneof![Just(10usize), Just(12), Just(20)],
+    ) {
+        let l = with_plain(l, plain, 0, 0);
+        let (m1, mut q1) = build(&l);
+        let (m2, mut q2) = build(&l);
+        let limits = BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc: true };
+        let (mut b1, mut b2) = (vec![0u8; 0x4000], vec![0u8; 0x4000]);
+        let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+        let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+        let copy_limit = hdr_len + limit;
+        for _ in 0..3 {
+            let used_at = GuestAddress(q1.used_ring().wrapping_add(2));
+            let used_idx = || m1.read_obj::<u16>(used_at).ok();
+            let before = used_idx();
+            let r1 = SplitRing::new(&q1, &m1).expect("started");
+            let a = take_tx_batch(&mut q1, &r1, hdr_len, copy_limit, &mut b1, limits, &mut s1);
+            let b = pop_tx_batch(&mut q2, &m2, hdr_len, &mut b2, limits, &mut s2);
+            prop_assert_eq!(used_idx(), before, "returned before given back");
+            if a.is_err() {
+                prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                break;
+            }
+            for (x, y) in s1.iter().zip(&s2) {
+                prop_assert_eq!((x.start, format!("{:?}", x.chain)), (y.start, format!("{:?}", y.chain)));
+                let Ok(n) = x.chain.result else { continue };
+                if let Some(r) = x.rest {
+                    prop_assert!(r.copied == copy_limit && n > copy_limit);
+                    m1.read_slice(&mut b1[x.start + r.copied..x.start + n], r.at).unwrap();
+                } else {
+                    prop_assert!(n <= copy_limit || x.chain.walked > 1, "a one-descriptor chain copied past the limit");
+                }
+            }
+            prop_assert_eq!(s1.len(), s2.len());
+            prop_assert!(b1 == b2, "copied bytes differ");
+            let a = return_tx_chains(&q1, &r1);
+            prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+            prop_assert_eq!((q1.next_avail(), q1.next_used()), (q2.next_avail(), q2.next_used()));
+            if a.is_err() || s1.is_empty() {
+                break;
+            }
+        }
+        prop_assert!(bytes(&m1) == bytes(&m2), "guest memory differs");
+    }
 
     /// VIRTIO_F_IN_ORDER, which the device offers: on any ring, good or bad, every chain the
     /// RX run or the TX batch takes is returned, in the order the avail ring gave it, so

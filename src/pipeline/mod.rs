@@ -15,5 +15,5 @@ pub mod source_lock;
 pub mod switch;
 
 pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames, RUN_FRAMES};
-pub use packet::Packet;
+pub use packet::{BurstFrame, Packet};
 pub use switch::{Dest, Ingress, Plain, Switch};

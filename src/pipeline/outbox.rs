@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use arrayvec::ArrayVec;
 
 use super::csum_action::CsumAction;
-use super::packet::Packet;
+use super::packet::{BurstFrame, Packet};
 use crate::stats::Tally;
 use crate::wire::layers::Layers;
 use crate::wire::VirtioNetHdr;
@@ -58,6 +58,9 @@ pub trait Egress: Send + Sync {
     /// on each frame admitted (`csum_action::apply`, counted on this port's queue `flow`),
     /// and writes the frames they keep, counting in `tally`: what
     /// [`Switch::forward`](super::Switch::forward) and [`Egress::write`] do to such a frame.
+    /// A frame's rest ([`BurstFrame::rest`]) is copied straight into the port's buffer
+    /// where it can be; whatever must look past the frame's head takes
+    /// [`BurstFrame::bytes`].
     /// A port that cannot take them so (the default, or for now: several queues, a hash
     /// asked for) returns `None` having done nothing, and they are queued as the switch
     /// queues any frame. Returns how many were delivered.
@@ -65,7 +68,7 @@ pub trait Egress: Send + Sync {
         &self,
         _tally: &Tally,
         _flow: usize,
-        _frames: &mut [&mut [u8]],
+        _frames: &mut [BurstFrame<'_>],
         _actions: &[CsumAction],
     ) -> Option<usize> {
         None

@@ -1,5 +1,7 @@
 //! A frame in flight: its virtio-net header, its bytes, and its layers once parsed.
 
+use vm_memory::VolatileSlice;
+
 use crate::wire::layers::Layers;
 use crate::wire::VirtioNetHdr;
 
@@ -48,5 +50,80 @@ impl<'a> Packet<'a> {
         let l = Layers::parse(self.frame);
         self.layers = Some(l);
         l
+    }
+}
+
+/// A frame on the burst path ([`Switch::plain_destination`](super::Switch::plain_destination),
+/// [`Run`](super::switch::Run)): its room in the sending worker's arena, whose first bytes
+/// hold the frame's start, copied out of the sender's buffer; and, for a longer frame, the
+/// rest of it, still in that buffer. The rest is copied once: straight into the
+/// receiver's buffer ([`BurstFrame::rest`]), or into the room when something must look at
+/// the whole frame ([`BurstFrame::bytes`]).
+///
+/// Every decision about the frame is taken on the bytes copied out, which the guest can no
+/// longer change: the rest, which the guest may rewrite until its chain is returned, is
+/// only ever copied, never read for a decision (docs/architecture.md, "One copy").
+pub struct BurstFrame<'a> {
+    room: &'a mut [u8],
+    /// Empty once copied, or when there was none: no `Option`, so that a frame with no rest
+    /// (every short one) costs no test of it.
+    rest: VolatileSlice<'a>,
+}
+
+impl<'a> BurstFrame<'a> {
+    /// A frame whose bytes are all in `bytes`.
+    pub fn new(bytes: &'a mut [u8]) -> Self {
+        BurstFrame {
+            room: bytes,
+            rest: VolatileSlice::from(&mut [][..]),
+        }
+    }
+
+    /// A frame of `room.len()` bytes whose last `rest.len()` bytes are still in `rest`;
+    /// `None` if the room is shorter than the rest.
+    pub fn with_rest(room: &'a mut [u8], rest: VolatileSlice<'a>) -> Option<Self> {
+        (rest.len() <= room.len()).then_some(BurstFrame { room, rest })
+    }
+
+    /// The frame's length.
+    pub fn len(&self) -> usize {
+        self.room.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.room.is_empty()
+    }
+
+    /// The bytes copied out so far: the frame's start, or all of it.
+    #[inline]
+    pub fn head(&self) -> &[u8] {
+        &self.room[..self.room.len() - self.rest.len()]
+    }
+
+    /// The bytes still in the sender's buffer, if any: what follows [`BurstFrame::head`].
+    #[inline]
+    pub fn rest(&self) -> Option<&VolatileSlice<'a>> {
+        (!self.rest.is_empty()).then_some(&self.rest)
+    }
+
+    /// The whole frame, its rest copied into the room first if it was not yet.
+    pub fn bytes(&mut self) -> &mut [u8] {
+        self.copy_rest();
+        self.room
+    }
+
+    /// [`BurstFrame::bytes`], for good.
+    pub fn into_bytes(mut self) -> &'a mut [u8] {
+        self.copy_rest();
+        self.room
+    }
+
+    #[inline]
+    fn copy_rest(&mut self) {
+        if !self.rest.is_empty() {
+            let at = self.room.len() - self.rest.len();
+            self.rest.copy_to(&mut self.room[at..]);
+            self.rest = VolatileSlice::from(&mut [][..]);
+        }
     }
 }

@@ -9,7 +9,7 @@ use arrayvec::ArrayVec;
 use super::csum_action::{apply, Dir};
 use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
 use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, RUN_FRAMES};
-use super::packet::Packet;
+use super::packet::{BurstFrame, Packet};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
@@ -222,13 +222,14 @@ impl Switch {
         &self,
         rules: &Rules,
         from: &mut Ingress<'_>,
-        frame: &mut [u8],
+        frame: &mut BurstFrame<'_>,
     ) -> Option<Plain> {
-        let (dst, smac) = (MacAddr::from_slice(frame)?, MacAddr::from_slice(frame.get(6..)?)?);
-        if frame.len() < ethernet::HEADER_LEN || !dst.is_unicast() || dst == smac {
+        let head = frame.head();
+        let (dst, smac) = (MacAddr::from_slice(head)?, MacAddr::from_slice(head.get(6..)?)?);
+        if head.len() < ethernet::HEADER_LEN || !dst.is_unicast() || dst == smac {
             return None;
         }
-        if rules.router.enabled() && !router::switches_only(frame) {
+        if rules.router.enabled() && !router::switches_only(head) {
             return None;
         }
         let src = from.port;
@@ -239,7 +240,7 @@ impl Switch {
         let ingress = rules.actions_for(src, Dir::Ingress);
         let mut flags = 0;
         if !ingress.is_empty() {
-            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+            let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
             // A frame an ingress action drops is not learned from (`forward`).
             if !apply(ingress, &mut pkt, from.stats()) {
                 return Some(Plain::Dropped);
@@ -261,7 +262,7 @@ impl Switch {
         rules: &Rules,
         from: &Ingress<'_>,
         to: usize,
-        frames: &mut ArrayVec<&'a mut [u8], RUN_FRAMES>,
+        frames: &mut ArrayVec<BurstFrame<'a>, RUN_FRAMES>,
         out: &mut Outbox<'a>,
     ) {
         let Some(port) = self.port(to) else {
@@ -285,7 +286,7 @@ impl Switch {
                 out,
                 to,
                 from.queue,
-                Packet::new(VirtioNetHdr::default(), f),
+                Packet::new(VirtioNetHdr::default(), f.into_bytes()),
             );
         }
     }
@@ -410,25 +411,26 @@ pub enum Plain {
 /// The frames the burst path sends to one port, in the order they came
 /// ([`Switch::plain_destination`]), lent from the worker's arena as an outbox holds its
 /// frames: written ([`Switch::write_run`]) when a frame goes to another port or by the
-/// general path, when full, and when the worker is done with the rules it took them under
-/// or with its arena.
+/// general path, when full, and at the end of the worker's batch, before the batch's
+/// chains are returned to the sender (a frame's rest is still in the sender's buffer).
 #[derive(Default)]
 pub struct Run<'a> {
     to: usize,
-    frames: ArrayVec<&'a mut [u8], RUN_FRAMES>,
+    frames: ArrayVec<BurstFrame<'a>, RUN_FRAMES>,
 }
 
 impl<'a> Run<'a> {
     /// Adds `frame`, for `to`, writing the frames before it first if they go elsewhere. A
     /// frame an ingress action marked DATA_VALID carries a header of its own: it is queued
     /// in `out` after the run, as `forward` queues a frame for one port.
+    #[inline]
     pub fn push(
         &mut self,
         switch: &Switch,
         rules: &Rules,
         from: &Ingress<'_>,
         to: Dest,
-        frame: &'a mut [u8],
+        frame: BurstFrame<'a>,
         out: &mut Outbox<'a>,
     ) {
         if to.flags != 0 {
@@ -437,7 +439,8 @@ impl<'a> Run<'a> {
                 flags: to.flags,
                 ..VirtioNetHdr::default()
             };
-            switch.unicast(rules, out, to.port, from.queue, Packet::new(hdr, frame));
+            let pkt = Packet::new(hdr, frame.into_bytes());
+            switch.unicast(rules, out, to.port, from.queue, pkt);
             return;
         }
         if self.to != to.port || self.frames.is_full() {

@@ -25,7 +25,7 @@ use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
-use crate::pipeline::{Admitted, Egress, OutboxBuffers, Packet, PortFrames, Switch};
+use crate::pipeline::{Admitted, BurstFrame, Egress, OutboxBuffers, Packet, PortFrames, Switch};
 use crate::ports::poll::PollGroup;
 use crate::stats::{CtrlStats, QueueSnapshot, Tallies, Tally, TallyHandle};
 use crate::stop::{Current, Stop};
@@ -468,7 +468,7 @@ impl Egress for GuestPort {
         &self,
         tally: &Tally,
         flow: usize,
-        frames: &mut [&mut [u8]],
+        frames: &mut [BurstFrame<'_>],
         actions: &[CsumAction],
     ) -> Option<usize> {
         self.rx.write_plain(&self.health, tally, flow, frames, actions)

@@ -26,7 +26,7 @@ use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};
 use crate::logging::error_chain;
 use crate::pipeline::csum_action::{self, CsumAction};
-use crate::pipeline::{gso, Admitted, Frame, Packet, PortFrames};
+use crate::pipeline::{gso, Admitted, BurstFrame, Frame, Packet, PortFrames};
 use crate::stats::{QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report;
@@ -147,7 +147,7 @@ impl RxSide {
         health: &Health,
         tally: &Tally,
         flow: usize,
-        frames: &mut [&mut [u8]],
+        frames: &mut [BurstFrame<'_>],
         actions: &[CsumAction],
     ) -> Option<usize> {
         let guard = self.path.load();
@@ -165,7 +165,7 @@ impl RxSide {
         // it. A snooping port looks into each frame, so it asks every time.
         let mut last: Option<(MacAddr, Option<Admitted>)> = None;
         for frame in frames.iter_mut() {
-            let dst = MacAddr::from_slice(frame);
+            let dst = MacAddr::from_slice(frame.head());
             let note = match last {
                 Some((d, note)) if Some(d) == dst && !self.snooping => {
                     if note.is_none() {
@@ -174,7 +174,13 @@ impl RxSide {
                     note
                 }
                 _ => {
-                    let note = self.admit(health, tally, flow, frame);
+                    // A snooping port looks for reports past the frame's head.
+                    let seen = if self.snooping {
+                        &*frame.bytes()
+                    } else {
+                        frame.head()
+                    };
+                    let note = self.admit(health, tally, flow, seen);
                     last = dst.map(|d| (d, note));
                     note
                 }
@@ -188,7 +194,7 @@ impl RxSide {
             let mut flags = 0;
             if !actions.is_empty() {
                 let acted = health.catch_bug("a checksum action", || {
-                    let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+                    let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
                     csum_action::apply(actions, &mut pkt, tally.at(health.id, flow)).then_some(pkt.hdr.flags)
                 });
                 match acted {
@@ -205,7 +211,7 @@ impl RxSide {
                     flags,
                     ..VirtioNetHdr::default()
                 };
-                w.push(stats, 0, None, &mut hdr, frame);
+                w.push(stats, 0, None, &mut hdr, frame.bytes());
             }
         }
         w.end_run();
@@ -329,7 +335,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
     }
 
     /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0.
-    fn push_plain(&mut self, stats: &QueueStats, frame: &[u8]) {
+    fn push_plain(&mut self, stats: &QueueStats, frame: &mut BurstFrame<'_>) {
         if !self.start_run(0) {
             stats.rx_dropped.inc();
             return;
@@ -338,7 +344,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
         let res = self
             .health
-            .catch_bug("a received frame", || run.push_plain(queue, ring, frame));
+            .catch_bug("a received frame", || run.push_plain(queue, ring, &mut *frame));
         self.pushed(stats, 0, res, frame.len(), false);
     }
 

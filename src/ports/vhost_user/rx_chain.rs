@@ -12,6 +12,7 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
+use crate::pipeline::BurstFrame;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN, HDR_LEN_HASH, HDR_LEN_LEGACY};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
@@ -120,15 +121,27 @@ impl RxRun {
 
     /// [`RxRun::push`] for a frame whose header has no field set (no offload, no hash): the
     /// usual frame between two guests without offloads, whose one-buffer header is built
-    /// once per run rather than per frame.
+    /// once per run rather than per frame. A frame still partly in its sender's buffer
+    /// ([`BurstFrame::rest`]) is copied from there straight into the one-descriptor lane's
+    /// buffer; the general walk takes it whole ([`BurstFrame::bytes`]).
     pub fn push_plain<M: GuestMemory>(
         &mut self,
         q: &mut Queue,
         ring: &SplitRing<'_, M>,
-        frame: &[u8],
+        frame: &mut BurstFrame<'_>,
     ) -> Result<u16, RxError> {
         let one = self.plain;
-        self.push_with(q, ring, &one, &VirtioNetHdr::default(), frame)
+        self.first_used.get_or_insert(q.next_used());
+        if self.one_desc {
+            let laned = match frame.rest() {
+                Some(rest) => self.push_one_desc(q, ring, &one, frame.head(), rest)?,
+                None => self.push_one_desc(q, ring, &one, frame.head(), ())?,
+            };
+            if laned {
+                return Ok(1);
+            }
+        }
+        self.push_walked(q, ring, &VirtioNetHdr::default(), frame.bytes())
     }
 
     /// [`RxRun::push`], `one` being the header's bytes for a frame in one buffer.
@@ -142,7 +155,7 @@ impl RxRun {
         frame: &[u8],
     ) -> Result<u16, RxError> {
         self.first_used.get_or_insert(q.next_used());
-        if self.one_desc && self.push_one_desc(q, ring, one, frame)? {
+        if self.one_desc && self.push_one_desc(q, ring, one, frame, ())? {
             return Ok(1);
         }
         self.push_walked(q, ring, hdr, frame)
@@ -196,6 +209,7 @@ impl RxRun {
         ring: &SplitRing<'_, M>,
         hdr: &[u8; HDR_LEN_HASH],
         frame: &[u8],
+        rest: impl Rest,
     ) -> Result<bool, RxError> {
         let pos = q.next_avail();
         let avail = self.avail.get_or_insert(pos);
@@ -205,7 +219,7 @@ impl RxRun {
                 return Err(RxError::NoBuffers);
             }
         }
-        let (hdr_len, total) = (self.hdr_len, self.hdr_len + frame.len());
+        let (hdr_len, total) = (self.hdr_len, self.hdr_len + frame.len() + rest.len());
         let head = ring.head(pos).map_err(RxError::Ring)?;
         let Some(d) = ring.descriptor(head) else {
             return Ok(false);
@@ -219,8 +233,18 @@ impl RxRun {
         let Ok(body) = buf.offset(hdr_len) else {
             return Ok(false);
         };
+        let after = match rest.len() {
+            0 => None,
+            _ => match body.offset(frame.len()) {
+                Ok(after) => Some(after),
+                Err(_) => return Ok(false),
+            },
+        };
         update_header(&buf, &hdr[..hdr_len]);
         body.copy_from(frame);
+        if let Some(after) = after {
+            rest.copy_into(after);
+        }
         let first = q.next_used();
         // Within the descriptor's u32 length.
         ring.put_used(first, head, total as u32).map_err(RxError::Ring)?;
@@ -398,6 +422,38 @@ impl RxChains {
             return Err(ChainError::Broken);
         }
         Ok(capacity)
+    }
+}
+
+/// What follows a frame's head in [`RxRun::push_one_desc`]: nothing (`()`), or the rest
+/// still in its sender's buffer ([`BurstFrame::rest`]). A type rather than an `Option`, so
+/// that the lane for a frame with no rest is compiled without one.
+trait Rest {
+    fn len(&self) -> usize;
+    fn copy_into<B: BitmapSlice>(&self, to: VolatileSlice<'_, B>);
+}
+
+impl Rest for () {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        0
+    }
+
+    #[inline(always)]
+    fn copy_into<B: BitmapSlice>(&self, _to: VolatileSlice<'_, B>) {}
+}
+
+impl Rest for &VolatileSlice<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        VolatileSlice::len(self)
+    }
+
+    /// From one guest's buffer into another's (or the same guest's): a memmove (vm-memory
+    /// 0.18), so even buffers a guest made overlap are copied safely.
+    #[inline(always)]
+    fn copy_into<B: BitmapSlice>(&self, to: VolatileSlice<'_, B>) {
+        self.copy_to_volatile_slice(to);
     }
 }
 

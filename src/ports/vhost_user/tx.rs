@@ -9,12 +9,12 @@ use std::sync::Arc;
 use arc_swap::Guard;
 use log::{debug, trace, warn};
 use vhost_user_backend::VringT;
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::budget::{Burst, Mode, TX_BUDGET, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
-use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, Vring};
-use super::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
+use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH};
 use crate::device::features::Negotiated;
 use crate::logging::error_chain;
 use crate::pipeline::fdb::FdbCache;
@@ -23,7 +23,7 @@ use crate::pipeline::outbox::OUTBOX_FRAMES;
 use crate::pipeline::router::RouteCache;
 use crate::pipeline::rules::Rules;
 use crate::pipeline::switch::{Dest, Plain, Run};
-use crate::pipeline::{Ingress, Outbox, OutboxBuffers, Packet, Switch};
+use crate::pipeline::{BurstFrame, Ingress, Outbox, OutboxBuffers, Packet, Switch};
 use crate::ports::arena::Arena;
 use crate::stats::{QueueStats, Tally};
 use crate::wire::virtio_net_hdr::GSO_NONE;
@@ -38,6 +38,13 @@ const TX_BUF: usize = 20 + 14 + 8 + 65_535;
 /// worth of frames is in it, or less than one largest frame fits, the outbox is written
 /// and the arena starts over, so the same lines are reused outbox after outbox.
 const ARENA: usize = TX_BUF + OUTBOX_FRAMES * 1536;
+
+/// Bytes of a frame (after its virtio-net header) the burst path copies out of the guest's
+/// buffer before it decides anything: every header a decision may look at (Ethernet, a VLAN
+/// tag, IPv6, a TCP header with options) lies within them. A longer frame's other bytes
+/// are copied once, from the guest's buffer straight into its receiver's
+/// (docs/architecture.md, "One copy").
+const HEAD: usize = 128;
 
 /// What one queue pair's worker owns for transmitting, reused burst after burst.
 #[derive(Default)]
@@ -122,10 +129,17 @@ impl TxWorker {
         Ok(burst)
     }
 
-    /// Pops batches back to back into the arena and forwards their frames into one
+    /// Takes batches back to back into the arena and forwards their frames into one
     /// outbox, until an outbox's worth of frames is in, the arena has no room for another
     /// largest frame, the ring is empty or the budget spent. The outbox is written before
-    /// this returns, so the arena is free again. Returns the chains popped.
+    /// this returns, so the arena is free again. Returns the chains taken.
+    ///
+    /// The ring's lock is held from the first chain taken until all are returned, with one
+    /// store of the used index, once the run and the outbox are written: a frame on the
+    /// burst path keeps its bytes after [`HEAD`] in the guest's buffer until its receiver
+    /// copies them straight from there ([`Run::write`]), and the frontend cannot take the
+    /// ring back meanwhile. A broken ring ends the loop, not the delivery of what was
+    /// taken before.
     fn fill_arena(
         &mut self,
         tx: &TxQueue<'_>,
@@ -154,16 +168,22 @@ impl TxWorker {
             originated,
         };
         let stats = tx.tally.at(tx.port.id, tx.pair);
+        // A snooping port's frames take the general path, which looks for reports.
+        let burst = !tx.port.rx.snooping && tx.switch.burst_path();
+        let copy_limit = if burst { hdr_len + HEAD } else { usize::MAX };
+        let mut state = vring.get_mut();
+        let q = state.get_queue_mut();
+        // The rings stay where they are while the lock is held.
+        let Some(ring) = SplitRing::new(q, mem) else {
+            return Ok(0);
+        };
         // A run lasts as long as the outbox, across batches, while the rules stay the same.
         let mut run = Run::default();
         let mut last_rules: Option<Guard<Arc<Rules>>> = None;
         let (mut popped, mut ended) = (0, Ok(()));
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
             let limits = spent.next_batch(popped, mode);
-            // One short hold of the ring's lock per batch: it is not held while the frames
-            // go to other ports. A broken ring ends the loop, not the run's delivery.
-            let room = arena.room();
-            ended = pop_tx_batch(vring.get_mut().get_queue_mut(), mem, hdr_len, room, limits, batch);
+            ended = take_tx_batch(q, &ring, hdr_len, copy_limit, arena.room(), limits, batch);
             if ended.is_err() || batch.is_empty() {
                 break;
             }
@@ -173,65 +193,80 @@ impl TxWorker {
             if let Some(before) = last_rules.take().filter(|r| !Arc::ptr_eq(r, &rules)) {
                 run.write(tx.switch, &before, &from, &mut out);
             }
-            // A snooping port's frames take the general path, which looks for reports.
-            let burst = !tx.port.rx.snooping && tx.switch.burst_path();
             let mut taken = 0;
-            for slot in batch.drain(..) {
+            for slot in batch.iter() {
                 spent.chains += 1;
                 spent.walked += slot.chain.walked;
-                let Some(chain) = take_chain(tx, stats, &mut arena, slot, &mut taken) else {
+                let Some((hdr, frame)) = take_chain(tx, stats, mem, &mut arena, slot, hdr_len, &mut taken)
+                else {
                     continue;
                 };
-                let chain = if burst {
-                    match plain_frame(tx, &rules, &mut from, stats, chain, hdr_len) {
+                let frame = if burst {
+                    match plain_frame(tx, &rules, &mut from, stats, hdr, frame) {
                         Ok(Some((to, frame))) => {
                             run.push(tx.switch, &rules, &from, to, frame, &mut out);
                             continue;
                         }
                         Ok(None) => continue,
-                        Err(chain) => chain,
+                        Err(frame) => frame,
                     }
                 } else {
-                    chain
+                    frame
                 };
                 // What came before goes first.
                 run.write(tx.switch, &rules, &from, &mut out);
-                forward(tx, stats, &rules, &mut from, chain, hdr_len, &mut out);
+                forward(tx, stats, &rules, &mut from, hdr, frame.into_bytes(), &mut out);
             }
             last_rules = Some(rules);
         }
-        // The run's frames are delivered, as the outbox's are when it is dropped.
         if let Some(rules) = last_rules {
             run.write(tx.switch, &rules, &from, &mut out);
         }
-        ended.map(|()| popped)
+        out.flush();
+        let returned = return_tx_chains(q, &ring);
+        ended.and(returned).map(|()| popped)
     }
 }
 
-/// The bytes of a batch's next chain, `taken` bytes of the batch already taken from the
-/// arena; `None` for a chain the ring walk refused, counted.
+/// The next chain of a batch, `taken` bytes of the batch already taken from the arena: its
+/// virtio-net header and its frame; `None` for a chain the ring walk refused, counted.
 fn take_chain<'a>(
     tx: &TxQueue<'_>,
     stats: &QueueStats,
+    mem: &'a GuestMemoryMmap,
     arena: &mut Arena<'a>,
-    slot: TxSlot,
+    slot: &TxSlot,
+    hdr_len: usize,
     taken: &mut usize,
-) -> Option<&'a mut [u8]> {
-    let TxSlot { start, chain: t } = slot;
-    let n = match t.result {
-        Ok(n) => n,
+) -> Option<(&'a [u8], BurstFrame<'a>)> {
+    let t = &slot.chain;
+    let n = match &t.result {
+        Ok(n) => *n,
         Err(e) => {
-            chain_refused(tx, stats, t.head, &e);
+            chain_refused(tx, stats, t.head, e);
             return None;
         }
     };
     // The batch's chains lie back to back from the start of the room.
-    let Some(chain) = (start == *taken).then(|| arena.take(n)).flatten() else {
+    let Some(chain) = (slot.start == *taken).then(|| arena.take(n)).flatten() else {
         stats.tx_errors.inc();
         return None;
     };
     *taken += n;
-    Some(chain)
+    let (hdr, frame) = chain.split_at_mut(hdr_len.min(n));
+    let frame = match slot.rest {
+        None => Some(BurstFrame::new(frame)),
+        // `take_tx_batch` found the whole chain in one region: this finds the same.
+        Some(r) => mem
+            .get_slice(r.at, n.saturating_sub(r.copied))
+            .ok()
+            .and_then(|rest| BurstFrame::with_rest(frame, rest)),
+    };
+    let Some(frame) = frame else {
+        stats.tx_errors.inc();
+        return None;
+    };
+    Some((hdr, frame))
 }
 
 /// The general path: [`admit`], then [`Switch::forward`] into `out`, a bug met on the way
@@ -241,14 +276,13 @@ fn forward<'a>(
     stats: &QueueStats,
     rules: &Rules,
     from: &mut Ingress<'_>,
-    chain: &'a mut [u8],
-    hdr_len: usize,
+    hdr: &[u8],
+    frame: &'a mut [u8],
     out: &mut Outbox<'a>,
 ) {
-    let Some(hdr) = admit(tx, stats, chain, hdr_len) else {
+    let Some(hdr) = admit(tx, stats, hdr, frame) else {
         return;
     };
-    let frame = &mut chain[hdr_len..];
     let forwarded = tx.port.health.catch_bug("a transmitted frame", || {
         tx.port.snoop_frame(frame);
         tx.switch.forward(rules, from, Packet::new(hdr, frame), out);
@@ -258,10 +292,10 @@ fn forward<'a>(
     }
 }
 
-/// The burst path's admission ([`Switch::plain_destination`]): a chain whose header asks
+/// The burst path's admission ([`Switch::plain_destination`]): a frame whose header asks
 /// for nothing ([`VirtioNetHdr::asks_nothing`]), from a source `--port-mac-lock` allows, to
 /// one learned port. Counted as [`admit`] counts it (on `stats`, the worker's queue).
-/// `Ok(None)`: an ingress action dropped the frame. `Err`: the chain, for the general path,
+/// `Ok(None)`: an ingress action dropped the frame. `Err`: the frame, for the general path,
 /// nothing done or counted.
 #[inline]
 fn plain_frame<'a>(
@@ -269,27 +303,21 @@ fn plain_frame<'a>(
     rules: &Rules,
     from: &mut Ingress<'_>,
     stats: &QueueStats,
-    chain: &'a mut [u8],
-    hdr_len: usize,
-) -> Result<Option<(Dest, &'a mut [u8])>, &'a mut [u8]> {
-    if !VirtioNetHdr::asks_nothing(&chain[..hdr_len]) || !tx.port.source_lock.allows(&chain[hdr_len..]) {
-        return Err(chain);
+    hdr: &[u8],
+    mut frame: BurstFrame<'a>,
+) -> Result<Option<(Dest, BurstFrame<'a>)>, BurstFrame<'a>> {
+    if !VirtioNetHdr::asks_nothing(hdr) || !tx.port.source_lock.allows(frame.head()) {
+        return Err(frame);
     }
     let found = tx.port.health.catch_bug("a transmitted frame", || {
-        tx.switch.plain_destination(rules, from, &mut chain[hdr_len..])
+        tx.switch.plain_destination(rules, from, &mut frame)
     });
     let Some(plain) = found.flatten() else {
-        return Err(chain);
+        return Err(frame);
     };
-    let frame = &mut chain[hdr_len..];
+    // Counted as `admit` counts, without its trace line: the receiver's has the frame.
     stats.tx_packets.inc();
     stats.tx_bytes.add(frame.len() as u64);
-    trace!(
-        "port {}: tx {} bytes on pair {}",
-        tx.port.id,
-        frame.len(),
-        tx.pair
-    );
     Ok(match plain {
         Plain::To(to) => Some((to, frame)),
         Plain::Dropped => None,
@@ -299,12 +327,11 @@ fn plain_frame<'a>(
 /// Counts a frame the guest sent and checks it before it goes anywhere: its header, its
 /// source MAC (`--port-mac-lock`), its GSO segment count. `None`: dropped, and counted.
 #[inline]
-fn admit(tx: &TxQueue<'_>, stats: &QueueStats, chain: &[u8], hdr_len: usize) -> Option<VirtioNetHdr> {
+fn admit(tx: &TxQueue<'_>, stats: &QueueStats, hdr: &[u8], frame: &[u8]) -> Option<VirtioNetHdr> {
     let port = tx.port;
-    let frame = &chain[hdr_len..];
     stats.tx_packets.inc();
     stats.tx_bytes.add(frame.len() as u64);
-    let hdr = match VirtioNetHdr::parse(chain, hdr_len) {
+    let hdr = match VirtioNetHdr::parse(hdr, tx.feat.hdr_len()) {
         Ok(h) => h,
         Err(e) => {
             stats.tx_errors.inc();

@@ -1,6 +1,8 @@
 //! Transmit chains copied out of guest memory: a batch of them at a time, back to back into
-//! the worker's arena, each returned to the driver as soon as it is copied. Generic over the
-//! guest memory, so tests run it on `MockSplitQueue` without a connection.
+//! the worker's arena, and returned to the driver together once the batch is done with
+//! them. A long frame's bytes after its start may stay in the guest's buffer until then,
+//! to be copied once, straight to where the frame goes. Generic over the guest memory, so
+//! tests run it on `MockSplitQueue` without a connection.
 //!
 //! Every guest-supplied address and length is checked by vm-memory's accessors; a chain the
 //! walk had to cut short (a loop, a `next` out of range, a chain longer than the queue, an
@@ -9,7 +11,7 @@
 use arrayvec::ArrayVec;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
 
@@ -21,7 +23,8 @@ pub const TX_BATCH: usize = 32;
 #[derive(Debug)]
 pub struct TxChain {
     pub head: u16,
-    /// Bytes copied (virtio-net header included), or why the chain was refused.
+    /// The chain's bytes (virtio-net header included), all copied unless the slot has a
+    /// [`Rest`], or why the chain was refused.
     pub result: Result<usize, ChainError>,
     /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
     pub walked: usize,
@@ -32,6 +35,18 @@ pub struct TxChain {
 pub struct TxSlot {
     pub start: usize,
     pub chain: TxChain,
+    /// Where the chain's bytes past the first `copied` still lie in guest memory, for a
+    /// chain [`take_tx_batch`] copied only the start of (their room in the buffer is
+    /// left for them).
+    pub rest: Option<Rest>,
+}
+
+/// The part of a one-descriptor TX chain left in guest memory: the bytes from `copied` on,
+/// at `at`, in one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rest {
+    pub copied: usize,
+    pub at: GuestAddress,
 }
 
 /// How much a batch may take.
@@ -68,6 +83,29 @@ pub fn pop_tx_batch<M: GuestMemory>(
     let Some(ring) = SplitRing::new(q, mem) else {
         return Ok(());
     };
+    take_tx_batch(q, &ring, hdr_len, usize::MAX, buf, limits, out)?;
+    return_tx_chains(q, &ring)
+}
+
+/// [`pop_tx_batch`] on `q`'s rings `ring`, without returning the chains, which stay the
+/// device's: their used
+/// entries are written but the used index is not, so the driver does not see them yet. A
+/// one-descriptor chain longer than `copy_limit` bytes (virtio-net header included) has
+/// only its first `copy_limit` bytes copied, its room in `buf` left for the rest, and
+/// where the rest lies in [`TxSlot::rest`], for the caller to copy straight to where the
+/// frame goes. The caller returns the chains with [`return_tx_chains`] once nothing reads
+/// them any more (several batches' together), holding the ring's lock until then, so the
+/// frontend cannot take the ring back meanwhile.
+pub fn take_tx_batch<M: GuestMemory>(
+    q: &mut Queue,
+    ring: &SplitRing<'_, M>,
+    hdr_len: usize,
+    copy_limit: usize,
+    buf: &mut [u8],
+    limits: BatchLimits,
+    out: &mut ArrayVec<TxSlot, TX_BATCH>,
+) -> Result<(), RingError> {
+    out.clear();
     if limits.quiet {
         ring.quiet_driver(q.event_idx_enabled())?;
     }
@@ -80,54 +118,81 @@ pub fn pop_tx_batch<M: GuestMemory>(
         if pos == avail {
             break;
         }
-        let head = ring.head(pos)?;
+        let chain = ring.head(pos)?;
         pos = pos.wrapping_add(1);
         let room = &mut buf[start..start + limits.frame_max];
-        let t = match limits.one_desc.then(|| copy_one_desc(&ring, head, hdr_len, room)) {
-            Some(Some(t)) => t,
-            _ => copy_chain(head, ring.chain(head), ring.buffers(), hdr_len, room),
+        let slot = match limits
+            .one_desc
+            .then(|| copy_one_desc(ring, chain, hdr_len, copy_limit, room))
+        {
+            Some(Some((len, rest))) => TxSlot {
+                start,
+                chain: TxChain {
+                    head: chain,
+                    result: Ok(len),
+                    walked: 1,
+                },
+                rest,
+            },
+            _ => TxSlot {
+                start,
+                chain: copy_chain(chain, ring.chain(chain), ring.buffers(), hdr_len, room),
+                rest: None,
+            },
         };
-        walked += t.walked;
-        let next = start + t.result.as_ref().map_or(0, |n| *n);
-        out.push(TxSlot { start, chain: t });
-        start = next;
+        walked += slot.chain.walked;
+        start += slot.chain.result.as_ref().map_or(0, |n| *n);
+        out.push(slot);
     }
     q.set_next_avail(pos);
-    // Every chain is returned (length 0: nothing written) and the driver told once.
+    // Every chain is used with length 0 (nothing written); the driver is told at
+    // `return_tx_chains`.
     let used = q.next_used();
     for (i, s) in out.iter().enumerate() {
         ring.put_used(used.wrapping_add(i as u16), s.chain.head, 0)?;
     }
-    if !out.is_empty() {
-        let end = used.wrapping_add(out.len() as u16);
-        ring.publish_used(end)?;
-        q.set_next_used(end);
-    }
+    q.set_next_used(used.wrapping_add(out.len() as u16));
     Ok(())
+}
+
+/// Returns the chains [`take_tx_batch`] took since the last call: one store of the used
+/// index (a release store, after their entries) tells the driver.
+pub fn return_tx_chains<M: GuestMemory>(q: &Queue, ring: &SplitRing<'_, M>) -> Result<(), RingError> {
+    ring.publish_used(q.next_used())
 }
 
 /// The usual chain, copied without the general walk: one driver-readable descriptor (no
 /// NEXT, no INDIRECT, not device-writable) holding the header and a frame that fit in `buf`,
-/// in one memory region. The result is the one [`copy_chain`] gives for it (tests/ring.rs
-/// checks the two on random rings); `None`, having read only, for anything else.
-#[inline]
+/// in one memory region. Returns the chain's length, and, for a chain longer than
+/// `copy_limit` bytes, of which only the first `copy_limit` are copied, the [`Rest`] that
+/// says where the others are. The result is the one [`copy_chain`] gives for it
+/// (tests/ring.rs checks the two on random rings, the rest copied); `None`, having read
+/// only, for anything else.
+#[inline(always)]
 fn copy_one_desc<M: GuestMemory>(
     ring: &SplitRing<'_, M>,
-    head: u16,
+    chain: u16,
     hdr_len: usize,
+    copy_limit: usize,
     buf: &mut [u8],
-) -> Option<TxChain> {
-    let d = ring.descriptor(head)?;
+) -> Option<(usize, Option<Rest>)> {
+    let d = ring.descriptor(chain)?;
     let len = d.len() as usize;
     if d.has_next() || d.refers_to_indirect_table() || d.is_write_only() || len > buf.len() || len < hdr_len {
         return None;
     }
-    ring.buffers().slice(d.addr(), len)?.copy_to(&mut buf[..len]);
-    Some(TxChain {
-        head,
-        result: Ok(len),
-        walked: 1,
-    })
+    // The whole chain is checked to lie in one region, its rest included.
+    let bytes = ring.buffers().slice(d.addr(), len)?;
+    let copied = len.min(copy_limit);
+    let rest = if len > copied {
+        let at = d.addr().checked_add(copied as u64)?;
+        Some(Rest { copied, at })
+    } else {
+        None
+    };
+    // `copy_to` copies as many bytes as the shorter of the two holds.
+    bytes.copy_to(&mut buf[..copied]);
+    Some((len, rest))
 }
 
 /// Copies one TX chain into `buf` (header first).
