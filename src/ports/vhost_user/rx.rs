@@ -164,59 +164,82 @@ impl RxSide {
         // The filter's verdict on the last destination: a run's frames nearly always share
         // it. A snooping port looks into each frame, so it asks every time.
         let mut last: Option<(MacAddr, Option<Admitted>)> = None;
-        for frame in frames.iter_mut() {
-            let dst = MacAddr::from_slice(frame.head());
-            let note = match last {
-                Some((d, note)) if Some(d) == dst && !self.snooping => {
-                    if note.is_none() {
-                        tally.at(health.id, flow).rx_filtered.inc();
+        // One guard around the run, not one per frame: `catch_unwind` calls its closure
+        // through a pointer, a cost a 64-byte frame notices (docs/performance.md). A bug met
+        // anywhere in the run is taken as one in a push, which leaves the ring where nobody
+        // knows: that frame is an error, the queue takes nothing more until it is reset, and
+        // the run's frames after it are dropped.
+        let mut at = 0;
+        let whole = health.catch_bug("a received frame", || {
+            for (i, frame) in frames.iter_mut().enumerate() {
+                at = i;
+                let dst = MacAddr::from_slice(frame.head());
+                let note = match last {
+                    Some((d, note)) if Some(d) == dst && !self.snooping => {
+                        if note.is_none() {
+                            tally.at(health.id, flow).rx_filtered.inc();
+                        }
+                        note
                     }
-                    note
-                }
-                _ => {
-                    // A snooping port looks for reports past the frame's head.
-                    let seen = if self.snooping {
-                        &*frame.bytes()
-                    } else {
-                        frame.head()
-                    };
-                    let note = self.admit(health, tally, flow, seen);
-                    last = dst.map(|d| (d, note));
-                    note
-                }
-            };
-            let Some(note) = note else {
-                continue;
-            };
-            // The port's egress actions, on a frame its filter took, as the switch runs them
-            // before it queues a frame. One that completes a checksum marks it DATA_VALID,
-            // which a guest with GUEST_CSUM sees in its header.
-            let mut flags = 0;
-            if !actions.is_empty() {
-                let acted = health.catch_bug("a checksum action", || {
-                    let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
-                    csum_action::apply(actions, &mut pkt, tally.at(health.id, flow)).then_some(pkt.hdr.flags)
-                });
-                match acted {
-                    Some(Some(f)) => flags = f,
-                    // Dropped by an action, counted there; or a bug met, counted by `catch_bug`.
-                    Some(None) | None => continue,
-                }
-            }
-            count_admitted(stats, note);
-            if flags == 0 || !guest_csum {
-                w.push_plain(stats, frame);
-            } else {
-                let mut hdr = VirtioNetHdr {
-                    flags,
-                    ..VirtioNetHdr::default()
+                    _ => {
+                        // A snooping port looks for reports past the frame's head.
+                        let seen = if self.snooping {
+                            &*frame.bytes()
+                        } else {
+                            frame.head()
+                        };
+                        let note = self.admit(health, tally, flow, seen);
+                        last = dst.map(|d| (d, note));
+                        note
+                    }
                 };
-                w.push(stats, 0, None, &mut hdr, frame.bytes());
+                let Some(note) = note else {
+                    continue;
+                };
+                let mut flags = 0;
+                if !actions.is_empty() {
+                    let Some(f) = act(health, tally.at(health.id, flow), actions, frame) else {
+                        continue;
+                    };
+                    flags = f;
+                }
+                count_admitted(stats, note);
+                if flags == 0 || !guest_csum {
+                    w.push_plain(stats, frame);
+                } else {
+                    let mut hdr = VirtioNetHdr {
+                        flags,
+                        ..VirtioNetHdr::default()
+                    };
+                    w.push(stats, 0, None, &mut hdr, frame.bytes());
+                }
             }
+        });
+        if whole.is_none() {
+            w.lost(stats, 0);
+            let after = frames.len().saturating_sub(at + 1);
+            tally.at(health.id, flow).rx_dropped.add(after as u64);
         }
         w.end_run();
         Some(w.delivered)
     }
+}
+
+/// The port's egress actions on a frame its filter took, as the switch runs them before it
+/// queues a frame, counted on `stats`: the header flags they leave (DATA_VALID from one that
+/// completed a checksum, which a guest with GUEST_CSUM sees), `None` when the frame drops.
+/// A bug met in them costs this frame only (counted by [`Health::catch_bug`]).
+fn act(
+    health: &Health,
+    stats: &QueueStats,
+    actions: &[CsumAction],
+    frame: &mut BurstFrame<'_>,
+) -> Option<u8> {
+    let acted = health.catch_bug("a checksum action", || {
+        let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
+        csum_action::apply(actions, &mut pkt, stats).then_some(pkt.hdr.flags)
+    });
+    acted.flatten()
 }
 
 /// The queue being written: its lock held, its rings found.
@@ -334,7 +357,8 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         self.pushed(stats, q, res, frame.len(), completed);
     }
 
-    /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0.
+    /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0, without
+    /// [`Health::catch_bug`]: for a caller that guards its whole run.
     fn push_plain(&mut self, stats: &QueueStats, frame: &mut BurstFrame<'_>) {
         if !self.start_run(0) {
             stats.rx_dropped.inc();
@@ -342,10 +366,9 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         }
         let Some(held) = self.held.as_mut() else { return };
         let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
-        let res = self
-            .health
-            .catch_bug("a received frame", || run.push_plain(queue, ring, &mut *frame));
-        self.pushed(stats, 0, res, frame.len(), false);
+        // Unguarded: the caller holds one guard around its whole run.
+        let res = run.push_plain(queue, ring, &mut *frame);
+        self.pushed(stats, 0, Some(res), frame.len(), false);
     }
 
     /// Counts what became of a frame of `len` bytes written into queue `q` (`None`: a bug
@@ -371,14 +394,17 @@ impl<'w, 'm> RxWriter<'w, 'm> {
                 trace!("port {}: rx {len} bytes on queue {q}", health.id);
             }
             Some(Err(e)) => self.refused(stats, q, e),
-            None => {
-                // Where the ring was left is unknown: nothing more goes into it.
-                stats.rx_errors.inc();
-                self.held = None;
-                if self.rx.broken.set(2 * q) {
-                    health.stats.rings_broken.inc();
-                }
-            }
+            None => self.lost(stats, q),
+        }
+    }
+
+    /// A bug met while writing into queue `q`: where its ring was left is unknown, so
+    /// nothing more goes into it (its lock is let go unpoisoned), and the frame is an error.
+    fn lost(&mut self, stats: &QueueStats, q: usize) {
+        stats.rx_errors.inc();
+        self.held = None;
+        if self.rx.broken.set(2 * q) {
+            self.health.stats.rings_broken.inc();
         }
     }
 
