@@ -10,8 +10,8 @@
 //! check against `update` on random and mutated frames.
 
 use super::spec::Targets;
-use super::update::Done;
-use crate::wire::checksum::{fold, partial_sum};
+use super::update::{udp, Done};
+use crate::wire::checksum::{fold, write_checksum};
 use crate::wire::ethernet::ETHERTYPE_IPV4;
 use crate::wire::ip::{PROTO_TCP, PROTO_UDP};
 
@@ -19,7 +19,8 @@ use crate::wire::ip::{PROTO_TCP, PROTO_UDP};
 const L3: usize = 14;
 const L4: usize = L3 + 20;
 
-/// `frame`'s big-endian 32-bit word at `at`, widened for a one's-complement sum.
+/// The big-endian 32-bit word at `at` of the frame's first bytes `h`, widened for a
+/// one's-complement sum.
 #[inline(always)]
 fn word(h: &[u8; L4], at: usize) -> u64 {
     u64::from(u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]))
@@ -40,10 +41,10 @@ pub(super) fn update(frame: &mut [u8], targets: Targets, gso: u8) -> Option<Done
     }
     let ipl = usize::from(u16::from_be_bytes([h[L3 + 2], h[L3 + 3]]));
     let proto = h[L3 + 9];
-    // The upper layer's own target, its shortest header and where its checksum sits.
-    let (target, need, at) = match proto {
-        PROTO_UDP => (Targets::UDP, 8, 6),
-        PROTO_TCP if gso == 0 => (Targets::TCP, 20, 16),
+    // The upper layer's own target and its shortest header.
+    let (target, need) = match proto {
+        PROTO_UDP => (Targets::UDP, 8),
+        PROTO_TCP if gso == 0 => (Targets::TCP, 20),
         _ => return None,
     };
     // An IP length past the frame or short of the upper header: the general path drops it
@@ -61,19 +62,17 @@ pub(super) fn update(frame: &mut [u8], targets: Targets, gso: u8) -> Option<Done
     }
     if targets.has(target) {
         let l4 = &mut frame[L4..L3 + ipl];
-        // act_csum leaves a UDP datagram alone when it says no checksum was sent (0) or
-        // when its length disagrees with the IP length (RFC 768; `udp` in the general path).
-        let udp_as_sent = proto == PROTO_UDP
-            && (l4[6..8] == [0, 0] || usize::from(u16::from_be_bytes([l4[4], l4[5]])) != l4.len());
-        if !udp_as_sent {
-            l4[at..at + 2].copy_from_slice(&[0, 0]);
-            let pseudo = addrs + u64::from(proto) + l4.len() as u64;
-            let mut c = !fold(partial_sum(l4, 0) + pseudo);
-            // UDP's 0 means "none": RFC 768 sends 0xFFFF (TCP has no such value).
-            if proto == PROTO_UDP && c == 0 {
-                c = 0xffff;
-            }
-            l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
+        let pseudo = addrs + u64::from(proto) + l4.len() as u64;
+        // The general path's own rules for each protocol: act_csum's for UDP (a datagram
+        // that says no checksum was sent, or whose length disagrees, is left as it is).
+        let wrote = if proto == PROTO_UDP {
+            udp(l4, false, true, pseudo)
+        } else {
+            let n = l4.len();
+            write_checksum(l4, 16, n, pseudo, false);
+            true
+        };
+        if wrote {
             done = Done {
                 wrote: true,
                 l4_complete: true,

@@ -88,8 +88,8 @@ pub fn pop_tx_batch<M: GuestMemory>(
 }
 
 /// [`pop_tx_batch`] on `q`'s rings `ring`, without returning the chains, which stay the
-/// device's: their used
-/// entries are written but the used index is not, so the driver does not see them yet. A
+/// device's: their used entries are written but the used index is not, so the driver does
+/// not see them yet. A
 /// one-descriptor chain longer than `copy_limit` bytes (virtio-net header included) has
 /// only its first `copy_limit` bytes copied, its room in `buf` left for the rest, and
 /// where the rest lies in [`TxSlot::rest`], for the caller to copy straight to where the
