@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use vm_memory::VolatileSlice;
 
-use dpaa_vnic::pipeline::csum_action::{self, CsumAction};
+use dpaa_vnic::pipeline::csum_action::ActionList;
 use dpaa_vnic::pipeline::fdb::FdbCache;
 use dpaa_vnic::pipeline::router::{RouteCache, RouteTable, RouterIf, ROUTER_MAC};
 use dpaa_vnic::pipeline::rules::Rules;
@@ -67,7 +67,7 @@ impl Egress for Recorder {
         tally: &Tally,
         flow: usize,
         frames: &mut [BurstFrame<'_>],
-        actions: &[CsumAction],
+        actions: &ActionList,
     ) -> Option<usize> {
         if !self.plain {
             return None;
@@ -79,11 +79,10 @@ impl Egress for Recorder {
             }
             // As a guest port does (ports/vhost_user/rx.rs): the egress actions on each
             // frame the filter took.
-            let mut pkt = Packet::new(VirtioNetHdr::default(), f.bytes());
-            if !actions.is_empty() && !csum_action::apply(actions, &mut pkt, tally.at(self.id, flow)) {
+            if !actions.is_empty() && actions.apply_plain(f.bytes(), tally.at(self.id, flow)).is_none() {
                 continue;
             }
-            self.got.lock().unwrap().push(pkt.frame.to_vec());
+            self.got.lock().unwrap().push(f.bytes().to_vec());
             n += 1;
         }
         Some(n)

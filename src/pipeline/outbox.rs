@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrayvec::ArrayVec;
 
-use super::csum_action::CsumAction;
+use super::csum_action::ActionList;
 use super::packet::{BurstFrame, Packet};
 use crate::stats::Tally;
 use crate::wire::layers::Layers;
@@ -69,7 +69,7 @@ pub trait Egress: Send + Sync {
         _tally: &Tally,
         _flow: usize,
         _frames: &mut [BurstFrame<'_>],
-        _actions: &[CsumAction],
+        _actions: &ActionList,
     ) -> Option<usize> {
         None
     }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use super::csum_action::{CsumAction, Dir};
+use super::csum_action::{ActionList, CsumAction, Dir};
 use super::router::{NextHop, Route, RouteTable, RouterIf};
 
 /// Checksum actions the daemon holds at most. Each is matched in turn on its port and
@@ -61,8 +61,11 @@ pub struct Rules {
     generation: u64,
     /// `actions` split by port and direction, so a port without actions costs one
     /// bounds-checked index per packet.
-    by_port: Vec<[Vec<CsumAction>; 2]>,
+    by_port: Vec<[ActionList; 2]>,
 }
+
+/// What [`Rules::actions_for`] lends for a port it does not know.
+static NO_ACTIONS: ActionList = ActionList::EMPTY;
 
 impl Rules {
     pub fn new(nports: usize, actions: Vec<CsumAction>) -> Self {
@@ -82,22 +85,21 @@ impl Rules {
 
     fn index(&mut self) {
         self.router.reindex();
-        for slot in &mut self.by_port {
-            *slot = Default::default();
-        }
+        let mut split: Vec<[Vec<CsumAction>; 2]> = vec![Default::default(); self.by_port.len()];
         for a in &self.actions {
-            if let Some(slot) = self.by_port.get_mut(a.port) {
+            if let Some(slot) = split.get_mut(a.port) {
                 slot[a.dir.index()].push(a.clone());
             }
         }
+        self.by_port = split.into_iter().map(|dirs| dirs.map(ActionList::new)).collect();
     }
 
     pub fn actions(&self) -> &[CsumAction] {
         &self.actions
     }
 
-    pub fn actions_for(&self, port: usize, dir: Dir) -> &[CsumAction] {
-        self.by_port.get(port).map_or(&[], |s| &s[dir.index()])
+    pub fn actions_for(&self, port: usize, dir: Dir) -> &ActionList {
+        self.by_port.get(port).map_or(&NO_ACTIONS, |s| &s[dir.index()])
     }
 
     pub fn nports(&self) -> usize {
@@ -154,7 +156,7 @@ mod tests {
         let a: CsumAction = "port=1,dir=egress,update=udp".parse().unwrap();
         let live = LiveRules::new(Rules::new(2, vec![a.clone()]));
         let before = live.current.load_full();
-        assert_eq!(before.actions_for(1, Dir::Egress), std::slice::from_ref(&a));
+        assert_eq!(&**before.actions_for(1, Dir::Egress), std::slice::from_ref(&a));
         assert!(before.actions_for(1, Dir::Ingress).is_empty());
         assert!(before.actions_for(7, Dir::Egress).is_empty());
         live.update(|r| {

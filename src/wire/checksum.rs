@@ -92,6 +92,7 @@ pub fn pseudo_sum_of(addrs: &[u8], proto: u8, len: usize) -> u64 {
 /// `at`, sums `buf[..covered]` with `pseudo` (a pseudo-header sum, or 0 for an IPv4 header,
 /// ICMP and IGMP), stores the inverted fold. With `zero_as_ffff`, a result of 0 is sent as
 /// 0xFFFF (UDP's 0 means "no checksum").
+#[inline]
 pub fn write_checksum(buf: &mut [u8], at: usize, covered: usize, pseudo: u64, zero_as_ffff: bool) {
     buf[at..at + 2].copy_from_slice(&[0, 0]);
     let mut c = !fold(partial_sum(&buf[..covered], 0) + pseudo);

@@ -5,6 +5,7 @@
 //! carries the IP payload length (RFC 3828 3.2; the kernel puts the coverage there), and an
 //! IPv4 header shorter than 5 words is a failure (the kernel would sum at a wrong offset).
 
+mod list;
 mod plain;
 mod run;
 mod spec;
@@ -12,6 +13,7 @@ mod spec;
 mod test_frames;
 mod update;
 
+pub use self::list::ActionList;
 pub use self::run::{apply, run, ActionVerdict};
 pub use self::spec::{ActionParseError, CsumAction, Dir, Targets};
 pub use self::update::{update, update_by, CsumFail, Done};

@@ -28,7 +28,7 @@ fn word(h: &[u8; L4], at: usize) -> u64 {
 
 /// `update`'s answer for the common frame; `None` for every other one. `gso` is the
 /// header's GSO type without its ECN bit.
-#[inline]
+#[inline(always)]
 pub(super) fn update(frame: &mut [u8], targets: Targets, gso: u8) -> Option<Done> {
     let len = frame.len();
     let h: &mut [u8; L4] = frame.first_chunk_mut()?;
@@ -85,25 +85,11 @@ pub(super) fn update(frame: &mut [u8], targets: Targets, gso: u8) -> Option<Done
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::csum_action::test_frames::{eth, ipv4, udp};
+    use crate::pipeline::csum_action::test_frames::{any_frame, frame, tcp, udp};
     use crate::pipeline::csum_action::update::update as general;
     use crate::wire::virtio_net_hdr::{GSO_TCPV4, GSO_TCPV6, GSO_UDP};
     use crate::wire::VirtioNetHdr;
     use proptest::prelude::*;
-
-    /// An untagged IPv4 frame with a 20-byte header (flags DF), its upper layer `l4` of
-    /// protocol `proto`.
-    fn frame(proto: u8, l4: &[u8]) -> Vec<u8> {
-        eth(ETHERTYPE_IPV4, &ipv4(&[], proto, 0x4000, l4))
-    }
-
-    fn tcp(payload: &[u8], check: u16) -> Vec<u8> {
-        let mut t = vec![0x04, 0xd2, 0, 80, 0, 0, 0, 1, 0, 0, 0, 2, 0x50, 0x18, 0x02, 0];
-        t.extend_from_slice(&check.to_be_bytes());
-        t.extend_from_slice(&[0, 0]);
-        t.extend_from_slice(payload);
-        t
-    }
 
     /// A 64-byte UDP frame, the PVP loop's size, flags DF: both sums against the RFC 1071
     /// loop worked out apart from either path (0x25b8, 0xc787), and the general path's bytes.
@@ -154,43 +140,6 @@ mod tests {
         assert_eq!(update(&mut f, Targets::TCP, GSO_TCPV4), None, "TSO");
         assert!(update(&mut f, Targets::TCP, 0).is_some());
         assert_eq!(update(&mut good[..33].to_vec(), t, 0), None, "short");
-    }
-
-    /// A frame built to be taken, then perhaps spoiled at one of the bytes this path reads.
-    fn any_frame() -> impl Strategy<Value = (Vec<u8>, bool)> {
-        let upper = (
-            any::<bool>(),
-            proptest::collection::vec(any::<u8>(), 0..300),
-            prop_oneof![Just(0u16), any::<u16>()],
-        )
-            .prop_map(|(is_udp, payload, check)| {
-                if is_udp {
-                    frame(PROTO_UDP, &udp(&payload, check))
-                } else {
-                    frame(PROTO_TCP, &tcp(&payload, check))
-                }
-            });
-        // The bytes read for a decision: EtherType, version/IHL, lengths, flags/offset,
-        // protocol, UDP's length and checksum; then any byte; and a cut.
-        let at = prop_oneof![
-            Just(None),
-            prop::sample::select(vec![12usize, 13, 14, 16, 17, 20, 21, 23, 38, 39, 40, 41]).prop_map(Some),
-            (0usize..64).prop_map(Some),
-        ];
-        // One bit flipped (a flag, or a length one step off), or a byte changed.
-        let flip = prop_oneof![(0..8u32).prop_map(|b| 1u8 << b), 1..=u8::MAX];
-        (upper, at, flip, any::<prop::sample::Index>(), any::<bool>()).prop_map(
-            |(mut f, at, flip, cut, trim)| {
-                let spoiled = at.is_some() || trim;
-                if let Some(i) = at.filter(|i| *i < f.len()) {
-                    f[i] ^= flip;
-                }
-                if trim {
-                    f.truncate(cut.index(f.len() + 1));
-                }
-                (f, spoiled)
-            },
-        )
     }
 
     proptest! {

@@ -68,6 +68,7 @@ fn store_sctp(l4: &mut [u8]) {
 /// UDP and UDP-Lite, both families. `Ok(false)` leaves the packet as it is: an IPv4 UDP
 /// checksum of 0 (none was sent), or a length field that disagrees with the IP length
 /// (act_csum passes such "obscure" packets untouched).
+#[inline]
 pub(super) fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo: u64) -> bool {
     let ul = usize::from(u16::from_be_bytes([l4[4], l4[5]]));
     let total = l4.len();

@@ -23,7 +23,7 @@ use crate::device::nic::NicView;
 use crate::device::rss::SteeringCell;
 use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
-use crate::pipeline::csum_action::CsumAction;
+use crate::pipeline::csum_action::ActionList;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
 use crate::pipeline::{Admitted, BurstFrame, Egress, OutboxBuffers, Packet, PortFrames, Switch};
 use crate::ports::poll::PollGroup;
@@ -469,7 +469,7 @@ impl Egress for GuestPort {
         tally: &Tally,
         flow: usize,
         frames: &mut [BurstFrame<'_>],
-        actions: &[CsumAction],
+        actions: &ActionList,
     ) -> Option<usize> {
         self.rx.write_plain(&self.health, tally, flow, frames, actions)
     }

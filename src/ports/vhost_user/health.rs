@@ -2,6 +2,8 @@
 //! trouble, its rate-limited warnings, and the guard that keeps a bug on one frame or
 //! command from spreading.
 
+use std::cell::Cell;
+
 use log::{error, warn};
 
 use vhost_user_backend::VringT;
@@ -56,6 +58,36 @@ impl Health {
         }
     }
 
+    /// Runs `each` on the items of a run under one [`Health::catch_bug`], not one per item:
+    /// `catch_unwind` calls its closure through a pointer. A bug met while `each` has set
+    /// its `contained` flag (work on the item alone, such as a frame's checksum actions)
+    /// costs that item only, and the run resumes at the next. Any other bug ends the run:
+    /// `Err` holds the index of the item it was met on.
+    #[inline]
+    pub fn catch_bug_in_run<T>(
+        &self,
+        what: &str,
+        items: &mut [T],
+        mut each: impl FnMut(&mut T, &Cell<bool>),
+    ) -> Result<(), usize> {
+        let mut at = 0;
+        loop {
+            let contained = Cell::new(false);
+            let from = at;
+            let ran = self.catch_bug(what, || {
+                for (i, item) in items.iter_mut().enumerate().skip(from) {
+                    at = i;
+                    each(item, &contained);
+                }
+            });
+            match ran {
+                Some(()) => return Ok(()),
+                None if contained.get() => at += 1,
+                None => return Err(at),
+            }
+        }
+    }
+
     /// The driver broke queue `q` (`e`): marked in `broken`, counted and logged once, then
     /// the queue is left alone until the frontend programs it again.
     pub fn ring_broken(&self, broken: &BrokenRings, q: usize, e: &RingError) {
@@ -81,5 +113,31 @@ impl Health {
                 warn!("port {}: signalling queue {q}: {e}", self.id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Items 2 and 5 hit a bug in contained work, item 7 outside it: every other item
+    /// before 7 runs once, each bug is counted, and the run ends at 7.
+    #[test]
+    fn a_contained_bug_costs_one_item() {
+        let h = Health::new(0);
+        let mut done = Vec::new();
+        let mut items: Vec<usize> = (0..10).collect();
+        let ran = h.catch_bug_in_run("an item", &mut items, |&mut i, contained| {
+            contained.set(true);
+            assert!(i != 2 && i != 5, "a bug in item {i}'s own work");
+            contained.set(false);
+            assert!(i != 7, "a bug in the shared work");
+            done.push(i);
+        });
+        assert_eq!(ran, Err(7));
+        assert_eq!(done, [0, 1, 3, 4, 6]);
+        assert_eq!(h.stats.snapshot().panics, 3);
+        assert_eq!(h.catch_bug_in_run("an item", &mut items[..3], |_, _| {}), Ok(()));
+        assert_eq!(h.catch_bug_in_run("an item", &mut [0u8; 0], |_, _| {}), Ok(()));
     }
 }

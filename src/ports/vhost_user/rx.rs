@@ -25,8 +25,8 @@ use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};
 use crate::logging::error_chain;
-use crate::pipeline::csum_action::{self, CsumAction};
-use crate::pipeline::{gso, Admitted, BurstFrame, Frame, Packet, PortFrames};
+use crate::pipeline::csum_action::ActionList;
+use crate::pipeline::{gso, Admitted, BurstFrame, Frame, PortFrames};
 use crate::stats::{QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report;
@@ -148,7 +148,7 @@ impl RxSide {
         tally: &Tally,
         flow: usize,
         frames: &mut [BurstFrame<'_>],
-        actions: &[CsumAction],
+        actions: &ActionList,
     ) -> Option<usize> {
         let guard = self.path.load();
         let rx = guard.as_ref()?;
@@ -164,58 +164,57 @@ impl RxSide {
         // The filter's verdict on the last destination: a run's frames nearly always share
         // it. A snooping port looks into each frame, so it asks every time.
         let mut last: Option<(MacAddr, Option<Admitted>)> = None;
-        // One guard around the run, not one per frame: `catch_unwind` calls its closure
-        // through a pointer, a cost a 64-byte frame notices (docs/performance.md). A bug met
-        // anywhere in the run is taken as one in a push, which leaves the ring where nobody
-        // knows: that frame is an error, the queue takes nothing more until it is reset, and
-        // the run's frames after it are dropped.
-        let mut at = 0;
-        let whole = health.catch_bug("a received frame", || {
-            for (i, frame) in frames.iter_mut().enumerate() {
-                at = i;
-                let dst = MacAddr::from_slice(frame.head());
-                let note = match last {
-                    Some((d, note)) if Some(d) == dst && !self.snooping => {
-                        if note.is_none() {
-                            tally.at(health.id, flow).rx_filtered.inc();
-                        }
-                        note
+        // One guard around the run, not one per frame (docs/performance.md): a bug in a
+        // frame's actions costs that frame, which they alone touch. A bug met anywhere else
+        // is taken as one in a push, which leaves the ring where nobody knows: that frame is
+        // an error, the queue takes nothing more until it is reset, and the run's frames
+        // after it are dropped.
+        let ran = health.catch_bug_in_run("a received frame", frames, |frame, contained| {
+            let dst = MacAddr::from_slice(frame.head());
+            let note = match last {
+                Some((d, note)) if Some(d) == dst && !self.snooping => {
+                    if note.is_none() {
+                        tally.at(health.id, flow).rx_filtered.inc();
                     }
-                    _ => {
-                        // A snooping port looks for reports past the frame's head.
-                        let seen = if self.snooping {
-                            &*frame.bytes()
-                        } else {
-                            frame.head()
-                        };
-                        let note = self.admit(health, tally, flow, seen);
-                        last = dst.map(|d| (d, note));
-                        note
-                    }
-                };
-                let Some(note) = note else {
-                    continue;
-                };
-                let mut flags = 0;
-                if !actions.is_empty() {
-                    let Some(f) = act(health, tally.at(health.id, flow), actions, frame) else {
-                        continue;
-                    };
-                    flags = f;
+                    note
                 }
-                count_admitted(stats, note);
-                if flags == 0 || !guest_csum {
-                    w.push_plain(stats, frame);
-                } else {
-                    let mut hdr = VirtioNetHdr {
-                        flags,
-                        ..VirtioNetHdr::default()
+                _ => {
+                    // A snooping port looks for reports past the frame's head.
+                    let seen = if self.snooping {
+                        &*frame.bytes()
+                    } else {
+                        frame.head()
                     };
-                    w.push(stats, 0, None, &mut hdr, frame.bytes());
+                    let note = self.admit(health, tally, flow, seen);
+                    last = dst.map(|d| (d, note));
+                    note
                 }
+            };
+            let Some(note) = note else {
+                return;
+            };
+            let mut flags = 0;
+            if !actions.is_empty() {
+                contained.set(true);
+                let acted = actions.apply_plain(frame.bytes(), tally.at(health.id, flow));
+                contained.set(false);
+                let Some(f) = acted else {
+                    return;
+                };
+                flags = f;
+            }
+            count_admitted(stats, note);
+            if flags == 0 || !guest_csum {
+                w.push_plain(stats, frame);
+            } else {
+                let mut hdr = VirtioNetHdr {
+                    flags,
+                    ..VirtioNetHdr::default()
+                };
+                w.push(stats, 0, None, &mut hdr, frame.bytes());
             }
         });
-        if whole.is_none() {
+        if let Err(at) = ran {
             w.lost(stats, 0);
             let after = frames.len().saturating_sub(at + 1);
             tally.at(health.id, flow).rx_dropped.add(after as u64);
@@ -223,23 +222,6 @@ impl RxSide {
         w.end_run();
         Some(w.delivered)
     }
-}
-
-/// The port's egress actions on a frame its filter took, as the switch runs them before it
-/// queues a frame, counted on `stats`: the header flags they leave (DATA_VALID from one that
-/// completed a checksum, which a guest with GUEST_CSUM sees), `None` when the frame drops.
-/// A bug met in them costs this frame only (counted by [`Health::catch_bug`]).
-fn act(
-    health: &Health,
-    stats: &QueueStats,
-    actions: &[CsumAction],
-    frame: &mut BurstFrame<'_>,
-) -> Option<u8> {
-    let acted = health.catch_bug("a checksum action", || {
-        let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
-        csum_action::apply(actions, &mut pkt, stats).then_some(pkt.hdr.flags)
-    });
-    acted.flatten()
 }
 
 /// The queue being written: its lock held, its rings found.
@@ -583,7 +565,6 @@ impl QueueReady {
 mod tests {
     use super::QueueReady;
     use std::cell::Cell;
-
     #[test]
     fn each_queue_is_looked_at_once_per_write() {
         let looks = Cell::new(0);
