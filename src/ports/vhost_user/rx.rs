@@ -72,6 +72,10 @@ fn admitted(v: Verdict) -> Admitted {
 /// Counts the filter's verdict on a frame admitted for queue `stats`.
 #[inline]
 fn count_admitted(stats: &QueueStats, note: Admitted) {
+    // Most frames are unicast: one compare for them.
+    if note == admitted(Verdict::Accept) {
+        return;
+    }
     if note == admitted(Verdict::Multicast) {
         stats.rx_mcast_accepted.inc();
     } else if note == admitted(Verdict::FalsePositive) {
@@ -161,6 +165,8 @@ impl RxSide {
         let guest_csum = offloads & (1 << VIRTIO_NET_F_GUEST_CSUM) != 0;
         let mut w = RxWriter::new(health, rx, &steering, &mem, offloads);
         let stats = tally.at(health.id, 0);
+        // What the frames' own queue counts here: refusals and the actions' work.
+        let flow_stats = tally.at(health.id, flow);
         // The filter's verdict on the last destination: a run's frames nearly always share
         // it. A snooping port looks into each frame, so it asks every time.
         let mut last: Option<(MacAddr, Option<Admitted>)> = None;
@@ -174,7 +180,7 @@ impl RxSide {
             let note = match last {
                 Some((d, note)) if Some(d) == dst && !self.snooping => {
                     if note.is_none() {
-                        tally.at(health.id, flow).rx_filtered.inc();
+                        flow_stats.rx_filtered.inc();
                     }
                     note
                 }
@@ -196,7 +202,7 @@ impl RxSide {
             let mut flags = 0;
             if !actions.is_empty() {
                 contained.set(true);
-                let acted = actions.apply_plain(frame.bytes(), tally.at(health.id, flow));
+                let acted = actions.apply_plain(frame.bytes(), flow_stats);
                 contained.set(false);
                 let Some(f) = acted else {
                     return;
@@ -217,7 +223,7 @@ impl RxSide {
         if let Err(at) = ran {
             w.lost(stats, 0);
             let after = frames.len().saturating_sub(at + 1);
-            tally.at(health.id, flow).rx_dropped.add(after as u64);
+            flow_stats.rx_dropped.add(after as u64);
         }
         w.end_run();
         Some(w.delivered)
