@@ -70,11 +70,11 @@ impl Deref for ActionList {
 mod tests {
     use super::*;
     use crate::pipeline::csum_action::spec::Dir;
-    use crate::pipeline::csum_action::test_frames::any_frame;
+    use crate::pipeline::csum_action::test_frames::{act, any_frame};
     use proptest::prelude::*;
 
     fn list(specs: &[&str]) -> ActionList {
-        ActionList::new(specs.iter().map(|s| s.parse().unwrap()).collect())
+        ActionList::new(specs.iter().map(|s| act(s)).collect())
     }
 
     #[test]

@@ -73,17 +73,13 @@ pub fn apply(actions: &[CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::csum_action::test_frames::{eth, ipv4, udp};
+    use crate::pipeline::csum_action::test_frames::{act, eth, ipv4, udp};
     use crate::wire::checksum::checksum;
     use crate::wire::ethernet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
     use crate::wire::ip::{PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
     use crate::wire::virtio_net_hdr::GSO_TCPV4;
     use crate::wire::VirtioNetHdr;
     use proptest::prelude::*;
-
-    fn act(s: &str) -> CsumAction {
-        s.parse().unwrap()
-    }
 
     fn be16(f: &[u8], at: usize) -> u16 {
         u16::from_be_bytes([f[at], f[at + 1]])

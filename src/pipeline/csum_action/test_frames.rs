@@ -1,9 +1,15 @@
-//! Frames for the tests of this folder's files, built field by field.
+//! Frames and actions for the tests of this folder's files, frames built field by field.
 
 use proptest::prelude::*;
 
+use super::spec::CsumAction;
 use crate::wire::ethernet::ETHERTYPE_IPV4;
 use crate::wire::ip::{PROTO_TCP, PROTO_UDP};
+
+/// The action `s` names in `--csum-action` syntax.
+pub fn act(s: &str) -> CsumAction {
+    s.parse().unwrap()
+}
 
 pub const SRC: [u8; 4] = [10, 0, 0, 1];
 pub const DST: [u8; 4] = [10, 0, 1, 2];

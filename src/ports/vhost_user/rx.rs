@@ -571,6 +571,7 @@ impl QueueReady {
 mod tests {
     use super::QueueReady;
     use std::cell::Cell;
+
     #[test]
     fn each_queue_is_looked_at_once_per_write() {
         let looks = Cell::new(0);
