@@ -100,6 +100,14 @@ impl<'a> BurstFrame<'a> {
         &self.room[..self.room.len() - self.rest.len()]
     }
 
+    /// [`BurstFrame::head`], to rewrite in place: what is written there is what the receiver
+    /// gets, followed by the rest.
+    #[inline]
+    pub fn head_mut(&mut self) -> &mut [u8] {
+        let n = self.room.len() - self.rest.len();
+        &mut self.room[..n]
+    }
+
     /// The bytes still in the sender's buffer, if any: what follows [`BurstFrame::head`].
     #[inline]
     pub fn rest(&self) -> Option<&VolatileSlice<'a>> {

@@ -6,7 +6,7 @@ use std::ops::Deref;
 use super::plain;
 use super::run::apply;
 use super::spec::{CsumAction, Targets};
-use crate::pipeline::packet::Packet;
+use crate::pipeline::packet::{BurstFrame, Packet};
 use crate::stats::QueueStats;
 use crate::wire::virtio_net_hdr::F_DATA_VALID;
 use crate::wire::VirtioNetHdr;
@@ -43,9 +43,10 @@ impl ActionList {
     /// Runs the list on a frame whose header asks for nothing (the burst path's), counted
     /// on `stats` as [`apply`] counts: the header flags it leaves (DATA_VALID once an upper
     /// layer's sum was computed), `None` if the frame drops. The common frame of a list
-    /// that matches every frame takes one pass, with no [`Packet`] and no match.
+    /// that matches every frame takes one pass, with no [`Packet`] and no match, and its
+    /// rest is fetched only if that pass sums the payload (plain.rs).
     #[inline]
-    pub fn apply_plain(&self, frame: &mut [u8], stats: &QueueStats) -> Option<u8> {
+    pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, stats: &QueueStats) -> Option<u8> {
         if let Some(targets) = self.every_frame {
             if let Some(done) = plain::update(frame, targets, 0) {
                 if done.wrote {
@@ -54,7 +55,7 @@ impl ActionList {
                 return Some(if done.l4_complete { F_DATA_VALID } else { 0 });
             }
         }
-        let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
+        let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
         apply(&self.actions, &mut pkt, stats).then_some(pkt.hdr.flags)
     }
 }
@@ -115,7 +116,7 @@ mod tests {
             let l = ActionList::new(actions);
             let (quick_stats, slow_stats) = (QueueStats::default(), QueueStats::default());
             let mut quick = f.clone();
-            let flags = l.apply_plain(&mut quick, &quick_stats);
+            let flags = l.apply_plain(&mut BurstFrame::new(&mut quick), &quick_stats);
             let mut slow = f.clone();
             let mut pkt = Packet::new(VirtioNetHdr::default(), &mut slow);
             let kept = apply(&l, &mut pkt, &slow_stats);

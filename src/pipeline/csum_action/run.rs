@@ -6,7 +6,7 @@ use log::trace;
 use super::plain;
 use super::spec::CsumAction;
 use super::update::{update_by, CsumFail};
-use crate::pipeline::packet::Packet;
+use crate::pipeline::packet::{BurstFrame, Packet};
 use crate::stats::QueueStats;
 use crate::wire::virtio_net_hdr::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN};
 
@@ -33,7 +33,11 @@ pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Opti
         }
         // The common frame in one pass; anything else, or anything that would fail, through
         // its parsed layers (plain.rs says which frames that is).
-        let quick = plain::update(pkt.frame, a.update, pkt.hdr.gso_type & !GSO_ECN);
+        let quick = plain::update(
+            &mut BurstFrame::new(pkt.frame),
+            a.update,
+            pkt.hdr.gso_type & !GSO_ECN,
+        );
         let done = match quick {
             Some(d) => Ok(d),
             None => update_by(&pkt.layers(), pkt.frame, a.update, &pkt.hdr),

@@ -65,27 +65,33 @@ fn store_sctp(l4: &mut [u8]) {
     l4[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// UDP and UDP-Lite, both families. `Ok(false)` leaves the packet as it is: an IPv4 UDP
-/// checksum of 0 (none was sent), or a length field that disagrees with the IP length
-/// (act_csum passes such "obscure" packets untouched).
+/// UDP and UDP-Lite, both families: how many bytes of the datagram the checksum covers,
+/// from its header `uh` (its first 8 bytes at least) and its length `total` by the IP
+/// header. `None` leaves the packet as it is: an IPv4 UDP checksum of 0 (none was sent), or
+/// a length field that disagrees with the IP length (act_csum passes such "obscure" packets
+/// untouched). Only the header is read, so a caller holding the header alone learns whether
+/// the payload is needed at all.
+#[inline]
+pub(super) fn udp_covered(uh: &[u8], total: usize, lite: bool, v4: bool) -> Option<usize> {
+    let ul = usize::from(u16::from_be_bytes([uh[4], uh[5]]));
+    if lite {
+        return match ul {
+            0 => Some(total),
+            n if (8..=total).contains(&n) => Some(n),
+            _ => None,
+        };
+    }
+    if (v4 && uh[6] == 0 && uh[7] == 0) || ul != total {
+        return None;
+    }
+    Some(ul)
+}
+
+/// Writes the checksum [`udp_covered`] asks for into the datagram `l4`; false if none.
 #[inline]
 pub(super) fn udp(l4: &mut [u8], lite: bool, v4: bool, pseudo: u64) -> bool {
-    let ul = usize::from(u16::from_be_bytes([l4[4], l4[5]]));
-    let total = l4.len();
-    let covered = if lite {
-        match ul {
-            0 => total,
-            n if (8..=total).contains(&n) => n,
-            _ => return false,
-        }
-    } else {
-        if v4 && l4[6] == 0 && l4[7] == 0 {
-            return false;
-        }
-        if ul != total {
-            return false;
-        }
-        ul
+    let Some(covered) = udp_covered(l4, l4.len(), lite, v4) else {
+        return false;
     };
     write_checksum(l4, 6, covered, pseudo, true);
     true
