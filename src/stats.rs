@@ -108,6 +108,9 @@ queue_counters!(
     tx_gso_segmented,
     /// Frames for the port that its receive filter (the modelled DPAA filter) dropped.
     rx_filtered,
+    /// Tagged frames for the port whose VLAN its driver did not add (VIRTIO_NET_F_CTRL_VLAN),
+    /// dropped.
+    rx_vlan_filtered,
     /// Multicast frames for the port that its receive filter let through.
     rx_mcast_accepted,
     /// Multicast frames let through only because their hash bucket is shared with a group

@@ -19,7 +19,8 @@ use dpaa_vnic::ports::vhost_user::GuestPort;
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
 use proptest::prelude::*;
-use vm_memory::{Bytes, GuestAddress};
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use common::frontend::*;
 use common::port::{serve_port, PortOpts};
@@ -70,13 +71,14 @@ enum Body {
     Udp6,
 }
 
-/// One frame A sends: where to, from where, what header, what it carries, how long (cut
-/// there if the body is longer).
+/// One frame A sends: where to, from where, what header, its 802.1Q tag if any, what it
+/// carries, how long (cut there if the body is longer).
 #[derive(Debug, Clone)]
 struct Sent {
     dst: MacAddr,
     src: MacAddr,
     hdr: [u8; HDR],
+    tag: Option<u16>,
     body: Body,
     len: usize,
 }
@@ -86,6 +88,10 @@ impl Sent {
     fn bytes(&self, i: usize) -> Vec<u8> {
         let mut f = self.dst.0.to_vec();
         f.extend_from_slice(&self.src.0);
+        if let Some(vid) = self.tag {
+            f.extend_from_slice(&[0x81, 0x00]);
+            f.extend_from_slice(&vid.to_be_bytes());
+        }
         let payload = |n: usize| (0..n).map(move |k| (k * 7 + i) as u8);
         let ipv4 = |f: &mut Vec<u8>, ihl: u8, proto: u8, l4: &[u8]| {
             f.extend_from_slice(&[0x08, 0x00, 0x40 | ihl, 0]);
@@ -187,19 +193,23 @@ fn sent() -> impl Strategy<Value = Vec<Sent>> {
     // Around 140 bytes: where a TX worker starts leaving a frame's rest in the guest's
     // buffer (tx.rs, HEAD).
     let len = || prop_oneof![1 => 0usize..14, 1 => 14usize..300, 1 => 130usize..150, 7 => Just(300)];
+    // VLAN 100 is the one B's driver adds when the set-up has it filter VLANs.
+    let tag = prop_oneof![6 => Just(None), 1 => Just(Some(100)), 1 => Just(Some(200))];
     (
         dst(),
         src(),
         hdr(),
+        tag,
         body(),
         proptest::collection::vec(len(), 1..5),
     )
-        .prop_map(|(dst, src, hdr, body, lens)| {
+        .prop_map(|(dst, src, hdr, tag, body, lens)| {
             lens.into_iter()
                 .map(|len| Sent {
                     dst,
                     src,
                     hdr,
+                    tag,
                     body,
                     len,
                 })
@@ -217,17 +227,20 @@ struct Setup {
     promisc: bool,
     /// B's driver takes DATA_VALID in its headers (VIRTIO_NET_F_GUEST_CSUM).
     guest_csum: bool,
+    /// B's driver filters VLANs (VIRTIO_NET_F_CTRL_VLAN) and adds VLAN 100 only.
+    vlan: bool,
     /// After the frames, the driver names a chain past the end of the ring, which breaks it.
     broken_tail: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (0u8..8, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(actions, router, promisc, guest_csum)| Setup {
+    (0u8..8, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |(actions, router, promisc, guest_csum, vlan)| Setup {
             actions,
             router,
             promisc,
             guest_csum,
+            vlan,
             broken_tail: false,
         },
     )
@@ -268,6 +281,8 @@ struct Outcome {
     sink: Vec<Vec<u8>>,
     /// Every port's counters, queue by queue.
     stats: String,
+    /// B's frames refused by its VLAN table.
+    b_vlan_filtered: u64,
     a_tx_used: u16,
 }
 
@@ -288,10 +303,16 @@ fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
     // B has a control queue, to turn promiscuous mode off: its filter then takes its own
     // address only.
     let guest_csum = if setup.guest_csum { GUEST_CSUM } else { 0 };
-    let mut b = Guest::connect(&paths[1], features | CTRL_VQ | CTRL_RX | guest_csum);
+    let vlan = if setup.vlan { CTRL_VLAN } else { 0 };
+    let mut b = Guest::connect(&paths[1], features | CTRL_VQ | CTRL_RX | guest_csum | vlan);
+    let ctlq = b.queue(2);
     if !setup.promisc {
-        promisc_off(&b);
+        command(&b, &ctlq, &[0, 0, 0]); // PROMISC off
     }
+    if setup.vlan {
+        command(&b, &ctlq, &[2, 0, 100, 0]); // VLAN_ADD 100
+    }
+    drop(ctlq);
     let (txr, rxr) = two_guest_rings(&mut a, &mut b, RING, n + 1);
     // A takes what the router answers.
     let arx = rx_ring(&mut a, RING, n + 1);
@@ -348,6 +369,7 @@ fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
         a_rx: received(&a, arx),
         sink,
         stats: stats(),
+        b_vlan_filtered: switch.tallies().port(1).iter().map(|q| q.rx_vlan_filtered).sum(),
         a_tx_used: used_idx(&a, txr),
     }
 }
@@ -369,17 +391,27 @@ fn received(g: &Guest, ring: SplitLayout) -> Vec<(u32, Vec<u8>)> {
         .collect()
 }
 
-/// VIRTIO_NET_CTRL_RX_PROMISC 0 on B's control queue, acked.
-fn promisc_off(b: &Guest) {
-    let q = b.queue(2);
-    let at = 0x1c_0000;
-    b.mem.write_slice(&[0u8, 0, 0], GuestAddress(at)).unwrap();
+/// A control command on B's control queue `q`, acked VIRTIO_NET_OK.
+fn command(b: &Guest, q: &MockSplitQueue<'_, GuestMemoryMmap>, cmd: &[u8]) {
+    let n = q.used().idx().load();
+    let at = 0x1c_0000 + 0x1000 * u64::from(n);
+    b.mem.write_slice(cmd, GuestAddress(at)).unwrap();
     b.mem.write_obj(0xffu8, GuestAddress(at + 0x800)).unwrap();
-    q.add_desc_chains(&[d(at, 3, F_NEXT, 1), d(at + 0x800, 1, F_WRITE, 0)], 0)
-        .unwrap();
+    q.add_desc_chains(
+        &[
+            d(at, cmd.len() as u32, F_NEXT, 2 * n + 1),
+            d(at + 0x800, 1, F_WRITE, 0),
+        ],
+        2 * n,
+    )
+    .unwrap();
     b.kick[2].write(1).unwrap();
-    wait_until("the command acked", || q.used().idx().load() == 1);
-    assert_eq!(b.mem.read_obj::<u8>(GuestAddress(at + 0x800)).unwrap(), 0);
+    wait_until("the command acked", || q.used().idx().load() == n + 1);
+    assert_eq!(
+        b.mem.read_obj::<u8>(GuestAddress(at + 0x800)).unwrap(),
+        0,
+        "{cmd:?}"
+    );
 }
 
 /// Waits until `look` gives the same answer for 250 ms: the worker has written the last
@@ -418,6 +450,11 @@ proptest! {
             s.dst == mac(B) && s.len >= 14 && matches!(s.body, Body::Raw) && VirtioNetHdr::asks_nothing(&s.hdr)
         };
         prop_assert!(!burst.b_rx.is_empty() || !frames.iter().any(plain_to_b));
+        // Nor is the VLAN table: a tagged frame of another VLAN to B's own address is refused.
+        let foreign_to_b = |s: &Sent| s.tag == Some(200) && s.len >= 18 && plain_to_b(s);
+        if setup.vlan && !setup.promisc && frames.iter().any(foreign_to_b) {
+            prop_assert!(burst.b_vlan_filtered > 0);
+        }
     }
 }
 
@@ -428,6 +465,7 @@ fn to_b(n: usize, body: Body) -> Vec<Sent> {
             dst: mac(B),
             src: mac(A),
             hdr: [0; HDR],
+            tag: None,
             body,
             len: 300,
         })
@@ -449,6 +487,7 @@ fn frames_taken_before_the_ring_breaks_are_delivered() {
         router: false,
         promisc: true,
         guest_csum: false,
+        vlan: false,
         broken_tail: true,
     };
     let burst = run(Switch::new(3), &frames, setup);
@@ -469,6 +508,7 @@ fn actions_and_the_router_leave_plain_frames_as_the_general_path_does() {
             router: true,
             promisc: false,
             guest_csum: true,
+            vlan: false,
             broken_tail: false,
         };
         let mut frames = to_b(20, Body::Udp4);
@@ -506,6 +546,7 @@ fn a_frame_an_ingress_action_drops_is_not_learned_from() {
         router: false,
         promisc: true,
         guest_csum: false,
+        vlan: false,
         broken_tail: false,
     };
     let mut frames: Vec<Sent> = to_b(3, Body::ShortIhl4)

@@ -849,6 +849,64 @@ fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
 
 /// A guest with the control queue and rx mode negotiated, once the port has seen that this
 /// is the device attachment.
+/// VLAN_ADD and VLAN_DEL fill the port's VLAN table. A frame tagged with a VLAN the driver
+/// did not add is refused and counted; an untagged frame passes; a promiscuous port passes every tag, as QEMU's virtio-net does.
+#[test]
+fn the_vlan_table_follows_the_driver() {
+    let r = rig();
+    let g = Guest::connect(
+        &r.path,
+        VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_VLAN | PROTOCOL_FEATURES,
+    );
+    wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
+    let ctlq = g.queue(2);
+    let untagged = frame("52:54:00:d0:aa:01", 100);
+    let tagged = |vid: u16| {
+        let mut f = untagged.clone();
+        f.splice(12..12, [0x81, 0x00, (vid >> 8) as u8, vid as u8]);
+        f
+    };
+    let admits = |f: &[u8]| r.port.admit(&r.tally, 0, f).is_some();
+    let refused = || r.port.stats()[0].rx_vlan_filtered;
+    assert_eq!(r.port.vlans(), Some(vec![]), "acked CTRL_VLAN: no VLAN yet");
+    assert!(admits(&tagged(100)), "a reset port is promiscuous");
+    assert_eq!(send_ctrl(&g, &ctlq, 0, 0x12_0000, &[0, 0, 0]), 0); // PROMISC off
+    assert!(!admits(&tagged(100)));
+    assert_eq!(refused(), 1);
+    assert!(admits(&untagged));
+    assert_eq!(send_ctrl(&g, &ctlq, 1, 0x12_0000, &[2, 0, 100, 0]), 0); // VLAN_ADD 100
+    assert!(admits(&tagged(100)));
+    assert!(!admits(&tagged(200)));
+    assert_eq!(r.port.vlans(), Some(vec![100]));
+    assert_eq!(
+        send_ctrl(&g, &ctlq, 2, 0x12_0000, &[2, 0, 0, 0x10]),
+        1,
+        "VID 4096: an error ack"
+    );
+    assert_eq!(send_ctrl(&g, &ctlq, 3, 0x12_0000, &[2, 1, 100, 0]), 0); // VLAN_DEL 100
+    assert!(!admits(&tagged(100)));
+    assert_eq!(refused(), 3);
+    assert_eq!(r.port.vlans(), Some(vec![]));
+}
+
+/// A driver that did not ack CTRL_VLAN gets every VLAN.
+#[test]
+fn without_ctrl_vlan_every_vlan_passes() {
+    let r = rig();
+    let g = ctrl_guest(&r);
+    let ctlq = g.queue(2);
+    assert_eq!(send_ctrl(&g, &ctlq, 0, 0x12_0000, &[0, 0, 0]), 0); // PROMISC off
+    let mut f = frame("52:54:00:d0:aa:01", 100);
+    f.splice(12..12, [0x81, 0x00, 0x00, 200]);
+    assert!(r.port.admit(&r.tally, 0, &f).is_some());
+    assert_eq!(r.port.vlans(), None);
+    assert_eq!(
+        send_ctrl(&g, &ctlq, 1, 0x12_0000, &[2, 0, 100, 0]),
+        1,
+        "VLAN_ADD refused"
+    );
+}
+
 fn ctrl_guest(r: &Rig) -> Guest {
     let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
     wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));

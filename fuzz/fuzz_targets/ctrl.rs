@@ -1,15 +1,16 @@
 //! Control-queue commands as a guest may write them, in any order: rx mode, MAC tables,
-//! station address, queue pairs, RSS and hash report, guest offloads. Invariants after each
-//! command: the bucket reference counts equal the addresses the tables hash, and every
-//! multicast address the driver listed is accepted by the registers the data path reads.
+//! station address, queue pairs, RSS and hash report, guest offloads, VLANs. Invariants
+//! after each command: the bucket reference counts equal the addresses the tables hash,
+//! every multicast address the driver listed is accepted by the registers the data path
+//! reads, and the VLAN table holds the IDs added and not deleted since.
 #![no_main]
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use dpaa_vnic::device::features::{offered, Negotiated};
 use dpaa_vnic::device::filter::{hash, FilterRegs, Layout, Verdict};
-use dpaa_vnic::device::NicState;
+use dpaa_vnic::device::{CtrlOutcome, NicState};
 use dpaa_vnic::wire::MacAddr;
 use libfuzzer_sys::fuzz_target;
 
@@ -36,12 +37,22 @@ fuzz_target!(|data: &[u8]| {
     let regs = REGS.with(|r| r[pick].clone());
     let mut n = NicState::new(MAC, 4, regs.clone(), 64);
     let feat = Negotiated { bits: offered(4) };
+    // As the port does when a driver acks CTRL_VLAN (offered(4) has it).
+    regs.vlan().reset(true);
+    let mut vlans = BTreeSet::new();
     // Commands separated by a 16-bit length.
     while let Some((len, r)) = rest.split_at_checked(2) {
         let len = usize::from(u16::from_le_bytes([len[0], len[1]]));
         let (cmd, r) = r.split_at(len.min(r.len()));
         rest = r;
-        let _ = n.apply(&feat, cmd);
+        if let Ok(CtrlOutcome::Vlan { vid, allowed }) = n.apply(&feat, cmd) {
+            if allowed {
+                vlans.insert(vid);
+            } else {
+                vlans.remove(&vid);
+            }
+        }
+        assert_eq!(regs.vlan().allowed(), Some(vlans.iter().copied().collect()));
         let rx = &n.ctrl.rx;
         let uc: HashSet<MacAddr> = rx.unicast.iter().copied().collect();
         let mc: HashSet<MacAddr> = rx.multicast.iter().copied().collect();

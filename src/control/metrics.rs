@@ -273,6 +273,7 @@ fn moves(key: &str, tap: bool, f: &FeaturesView) -> bool {
         "routed" | "neigh_refused" => f.router,
         k if k.starts_with("route_") => f.router,
         "rx_filtered"
+        | "rx_vlan_filtered"
         | "rx_mcast_accepted"
         | "rx_hash_false_positive"
         | "tx_spoofed"
@@ -585,6 +586,7 @@ mod tests {
                 snooped_groups: Some(5),
                 rss: None,
                 hash_report: false,
+                vlans: None,
             }],
         }
     }

@@ -103,9 +103,23 @@ pub struct RxFilterInfo {
     pub main_mac: String,
     pub unicast_table: Vec<String>,
     pub multicast_table: Vec<String>,
+    /// "all" when the driver did not negotiate CTRL_VLAN (every VLAN passes), else
+    /// "normal" or "none": `vlan_table` decides. Absent from an older QEMU: every VLAN.
+    #[serde(default)]
+    pub vlan: Option<String>,
+    #[serde(default)]
+    pub vlan_table: Vec<u16>,
 }
 
 impl RxFilterInfo {
+    /// The VLANs QEMU's table lets through; `None` when every VLAN passes.
+    pub fn vlans(&self) -> Option<Vec<u16>> {
+        match self.vlan.as_deref() {
+            Some("normal" | "none") => Some(self.vlan_table.clone()),
+            _ => None,
+        }
+    }
+
     /// The device-model view: overflow means "accept all" of that kind, as libvirt reads it.
     pub fn to_rx_state(&self) -> Option<RxState> {
         let mac: MacAddr = self.main_mac.parse().ok()?;
@@ -277,13 +291,15 @@ fn follow(
 }
 
 fn apply(port: &GuestPort, infos: &[RxFilterInfo], nic: &str) {
-    if let Some(rx) = infos
-        .iter()
-        .find(|i| i.name == nic)
-        .and_then(RxFilterInfo::to_rx_state)
-    {
+    let Some(info) = infos.iter().find(|i| i.name == nic) else {
+        return;
+    };
+    if let Some(rx) = info.to_rx_state() {
         port.lock_ctrl().apply_rx_state(rx);
     }
+    // QEMU answers the guest's VLAN commands and keeps the table; its own data path is
+    // the only one that would apply it.
+    port.set_vlans(info.vlans().as_deref());
 }
 
 #[cfg(test)]
@@ -375,6 +391,29 @@ mod tests {
         );
     }
 
+    /// QEMU's VLAN state: "normal" with the IDs the guest added, "none" with none, "all"
+    /// (or, from an older QEMU, nothing) when every VLAN passes.
+    #[test]
+    fn vlans_from_qemu_json() {
+        let info = |vlan: serde_json::Value, table: serde_json::Value| {
+            let mut v = json!({
+                "promiscuous": false, "name": "nic0", "main-mac": "52:54:00:d0:aa:01",
+                "unicast": "normal", "multicast": "normal", "broadcast-allowed": false,
+                "multicast-overflow": false, "unicast-overflow": false,
+                "unicast-table": [], "multicast-table": []
+            });
+            if !vlan.is_null() {
+                v["vlan"] = vlan;
+                v["vlan-table"] = table;
+            }
+            serde_json::from_value::<RxFilterInfo>(v).unwrap().vlans()
+        };
+        assert_eq!(info(json!("normal"), json!([0, 100])), Some(vec![0, 100]));
+        assert_eq!(info(json!("none"), json!([])), Some(vec![]));
+        assert_eq!(info(json!("all"), json!([])), None);
+        assert_eq!(info(serde_json::Value::Null, json!([])), None);
+    }
+
     #[test]
     fn rx_filter_info_from_qemu_json() {
         // Shape as QEMU 11.1 answers (fields the filter ignores left in).
@@ -386,6 +425,7 @@ mod tests {
         }]);
         let infos: Vec<RxFilterInfo> = serde_json::from_value(v).unwrap();
         let rx = infos[0].to_rx_state().unwrap();
+        assert_eq!(infos[0].vlans(), None, "vlan all: the table does not decide");
         assert!(!rx.mode.promisc && rx.mode.allmulti && !rx.mode.alluni);
         // QEMU reports "broadcast-allowed": false for a NIC that delivers broadcast.
         assert!(!rx.mode.nobcast);

@@ -374,6 +374,9 @@ pub struct PortFilter {
     pub rss: Option<RssView>,
     /// The driver negotiated VIRTIO_NET_F_HASH_REPORT: each frame carries its hash.
     pub hash_report: bool,
+    /// The VLAN IDs a driver that negotiated VIRTIO_NET_F_CTRL_VLAN added: a frame tagged
+    /// with another is dropped (`rx_vlan_filtered`). `null`: every VLAN passes.
+    pub vlans: Option<Vec<u16>>,
 }
 
 #[derive(Serialize)]
@@ -416,6 +419,7 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                         key: c.key.iter().map(|b| format!("{b:02x}")).collect(),
                     }),
                     hash_report: g.negotiated().hash_report(),
+                    vlans: g.vlans(),
                 })
             }
             PortRef::Tap(_) => None,

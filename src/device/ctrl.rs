@@ -8,6 +8,7 @@ use virtio_bindings::virtio_net::*;
 use zerocopy::FromBytes;
 
 use super::features::Negotiated;
+use super::filter::VLAN_IDS;
 use super::rss::{RssConfig, RssError};
 use super::rx_state::{MacList, RxState};
 use crate::wire::MacAddr;
@@ -54,6 +55,8 @@ pub enum CtrlError {
     Rss(#[source] RssError),
     #[error("station address {0}: the port is locked to the MAC it was given (--port-mac-lock)")]
     MacLocked(MacAddr),
+    #[error("VLAN ID {0} is past 12 bits")]
+    BadVlan(u16),
 }
 
 /// What an accepted command changed, for statistics and for the filter sync.
@@ -66,6 +69,11 @@ pub enum CtrlOutcome {
     GuestOffloads(u64),
     /// RSS_CONFIG or HASH_CONFIG: a new steering / hash-report configuration.
     Rss(RssConfig),
+    /// VLAN_ADD (`allowed`) or VLAN_DEL.
+    Vlan {
+        vid: u16,
+        allowed: bool,
+    },
 }
 
 /// One command `CtrlState::parse` accepted, borrowing the driver's bytes. `parse` decides
@@ -109,6 +117,10 @@ enum Cmd<'a> {
     /// HASH_CONFIG: hash reports only.
     HashConfig(RssConfig),
     GuestOffloads(u64),
+    Vlan {
+        vid: u16,
+        allowed: bool,
+    },
 }
 
 /// Device-side state the control queue can change.
@@ -189,6 +201,19 @@ impl CtrlState {
             }
             (VIRTIO_NET_CTRL_MQ, c) => h.mq(feat, c, self.max_queue_pairs),
             (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => h.offloads(feat),
+            (VIRTIO_NET_CTRL_VLAN, c @ (VIRTIO_NET_CTRL_VLAN_ADD | VIRTIO_NET_CTRL_VLAN_DEL)) => {
+                h.need(feat.has(VIRTIO_NET_F_CTRL_VLAN))?;
+                h.exact(2)?;
+                // A little-endian u16 (virtio 1.2, 5.1.6.5.3); QEMU refuses IDs past 12 bits.
+                let vid = u16::from_le_bytes([h.data[0], h.data[1]]);
+                if usize::from(vid) >= VLAN_IDS {
+                    return Err(CtrlError::BadVlan(vid));
+                }
+                Ok(Cmd::Vlan {
+                    vid,
+                    allowed: c == VIRTIO_NET_CTRL_VLAN_ADD,
+                })
+            }
             _ => Err(h.unknown()),
         }
     }
@@ -232,6 +257,7 @@ impl CtrlState {
                 self.guest_offloads = bits;
                 CtrlOutcome::GuestOffloads(bits)
             }
+            Cmd::Vlan { vid, allowed } => CtrlOutcome::Vlan { vid, allowed },
         }
     }
 }
@@ -351,7 +377,6 @@ fn split_table(b: &[u8]) -> Result<(&[MacAddr], &[u8]), CtrlError> {
     }
 }
 
-/// Replaces `table` with `macs`, reusing its allocation: one copy of the wire bytes.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,5 +515,42 @@ mod tests {
         cmd.extend_from_slice(&(1u64 << VIRTIO_NET_F_GUEST_UFO).to_le_bytes());
         assert!(matches!(s.apply(&f, &cmd), Err(CtrlError::BadOffloads(_))));
         assert_eq!(s.apply(&f, &[]), Err(CtrlError::Truncated(0)));
+    }
+
+    /// VLAN_ADD and VLAN_DEL: a little-endian ID of 12 bits, with CTRL_VLAN acked.
+    #[test]
+    fn vlan_commands() {
+        let f = all_features();
+        let mut s = state();
+        assert_eq!(
+            s.apply(&f, &[2, 0, 0x64, 0]),
+            Ok(CtrlOutcome::Vlan {
+                vid: 100,
+                allowed: true
+            })
+        );
+        assert_eq!(
+            s.apply(&f, &[2, 1, 0xff, 0x0f]),
+            Ok(CtrlOutcome::Vlan {
+                vid: 4095,
+                allowed: false
+            })
+        );
+        assert_eq!(s.apply(&f, &[2, 0, 0, 0x10]), Err(CtrlError::BadVlan(4096)));
+        assert!(matches!(
+            s.apply(&f, &[2, 0, 1]),
+            Err(CtrlError::BadLength { .. })
+        ));
+        assert!(matches!(
+            s.apply(&f, &[2, 2, 1, 0]),
+            Err(CtrlError::Unknown { .. })
+        ));
+        let without = Negotiated {
+            bits: f.bits & !(1 << VIRTIO_NET_F_CTRL_VLAN),
+        };
+        assert!(matches!(
+            s.apply(&without, &[2, 0, 1, 0]),
+            Err(CtrlError::NotNegotiated { .. })
+        ));
     }
 }

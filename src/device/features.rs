@@ -37,6 +37,9 @@ pub fn offered(queue_pairs: u16) -> u64 {
         | bit(VIRTIO_NET_F_CTRL_RX_EXTRA)
         | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
         | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)
+        // A VLAN table beside the address filter (device::filter::vlan); in the net
+        // attachment QEMU answers the command itself and keeps its own table.
+        | bit(VIRTIO_NET_F_CTRL_VLAN)
         // Segmentation offload both ways: guests may send TSO/USO frames; guests that take
         // them get them whole, the others get segments cut by pipeline::gso.
         | bit(VIRTIO_NET_F_HOST_TSO4)
@@ -92,6 +95,11 @@ impl Negotiated {
 
     pub fn mrg_rxbuf(&self) -> bool {
         self.has(VIRTIO_NET_F_MRG_RXBUF)
+    }
+
+    /// The driver filters VLANs through the control queue: it starts with none allowed.
+    pub fn ctrl_vlan(&self) -> bool {
+        self.has(VIRTIO_NET_F_CTRL_VLAN)
     }
 
     /// A driver that acked CTRL_VQ talks to us through a control queue: only the device

@@ -172,6 +172,7 @@ impl NicState {
                     .publish(Steering::from_config(c.clone(), self.ctrl.active_queue_pairs));
             }
             CtrlOutcome::GuestOffloads(_) => {}
+            CtrlOutcome::Vlan { vid, allowed } => self.filter.regs().vlan().set(*vid, *allowed),
         }
         self.publish(matches!(outcome, CtrlOutcome::MacTable));
         outcome

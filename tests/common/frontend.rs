@@ -65,6 +65,7 @@ pub const GUEST_CSUM: u64 = 1 << 1;
 pub const MRG_RXBUF: u64 = 1 << 15;
 pub const CTRL_VQ: u64 = 1 << 17;
 pub const CTRL_RX: u64 = 1 << 18;
+pub const CTRL_VLAN: u64 = 1 << 19;
 pub const PROTOCOL_FEATURES: u64 = 1 << 30;
 
 pub fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {

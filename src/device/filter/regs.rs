@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use super::hash::{self, MAX_BUCKETS};
 use super::layout::Layout;
+use super::vlan::VlanTable;
 use crate::device::rx_state::RxMode;
 use crate::wire::MacAddr;
 
@@ -103,6 +104,9 @@ pub struct FilterRegs {
     /// The model's counters as of its last sync, for readers that must not wait for the
     /// model's lock (`ctl stats`, `/metrics`): syncs, adds, removes, refused.
     stats: [AtomicU64; 4],
+    /// The VLANs a CTRL_VLAN driver lets through. The port keeps it in step with the
+    /// features acked and the control queue; a reset of the address filter leaves it.
+    vlan: VlanTable,
 }
 
 pub fn mode_flags(m: &RxMode) -> u32 {
@@ -130,6 +134,7 @@ impl FilterRegs {
             table: (0..TABLE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             key: RandomState::new(),
             stats: Default::default(),
+            vlan: VlanTable::default(),
         }
     }
 
@@ -312,6 +317,17 @@ impl FilterRegs {
         self.set_flags(mode_flags(&RxMode::default()));
     }
 
+    pub fn vlan(&self) -> &VlanTable {
+        &self.vlan
+    }
+
+    /// Whether the VLAN table lets `frame` through; promiscuous mode passes every tag, as
+    /// QEMU's virtio-net decides before it looks at the tag.
+    #[inline]
+    pub fn vlan_allows(&self, frame: &[u8]) -> bool {
+        self.vlan.allows(frame) || self.flags.load(Ordering::Relaxed) & F_PROMISC != 0
+    }
+
     /// The accept decision for a frame to `dst`: O(1), no allocation, no lock.
     pub fn classify(&self, dst: &MacAddr) -> Verdict {
         let f = self.flags.load(Ordering::Acquire);
@@ -366,6 +382,34 @@ impl FilterRegs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The VLAN table decides unless the port is promiscuous (QEMU's order), whatever the
+    /// address filter holds.
+    #[test]
+    fn promiscuous_mode_passes_every_vlan() {
+        let r = FilterRegs::new(Layout::Dtsec, MacAddr::default());
+        let mut f = vec![0u8; 64];
+        f[12..16].copy_from_slice(&[0x81, 0x00, 0x00, 100]);
+        assert!(
+            r.vlan_allows(&f),
+            "the table is off until a driver acks CTRL_VLAN"
+        );
+        r.vlan().reset(true);
+        assert!(
+            r.vlan_allows(&f),
+            "a reset port is promiscuous, as QEMU's is: every tag passes"
+        );
+        r.set_flags(0);
+        assert!(!r.vlan_allows(&f));
+        r.set_flags(F_PROMISC);
+        assert!(r.vlan_allows(&f));
+        r.clear(MacAddr::default());
+        r.set_flags(0);
+        assert!(
+            !r.vlan_allows(&f),
+            "an address filter reset leaves the VLAN table"
+        );
+    }
 
     #[test]
     fn table_insert_remove_with_collisions() {

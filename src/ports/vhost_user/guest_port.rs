@@ -245,6 +245,16 @@ impl GuestPort {
     }
 
     /// What `ctl filter` shows, as the control path last published it.
+    /// The VLANs the driver lets through; `None` while every VLAN passes.
+    pub fn vlans(&self) -> Option<Vec<u16>> {
+        self.rx.regs.vlan().allowed()
+    }
+
+    /// The net attachment with `--qmp`: QEMU's VLAN table, taken whole.
+    pub fn set_vlans(&self, allowed: Option<&[u16]>) {
+        self.rx.regs.vlan().replace(allowed);
+    }
+
     pub fn nic_view(&self) -> Arc<NicView> {
         self.nic_view.load_full()
     }
@@ -290,6 +300,13 @@ impl GuestPort {
     /// The driver acked `bits` (SET_FEATURES).
     pub(super) fn set_acked(&self, bits: u64) {
         self.acked.store(bits, Ordering::Relaxed);
+        // A driver that acks CTRL_VLAN starts with no VLAN and adds its own; one that does
+        // not gets every VLAN (QEMU's virtio_net_set_features). The same bit acked again
+        // (QEMU repeats SET_FEATURES to start dirty logging) leaves the table as it is.
+        let vlan = Negotiated { bits }.ctrl_vlan();
+        if self.rx.regs.vlan().is_on() != vlan {
+            self.rx.regs.vlan().reset(vlan);
+        }
         // The device attachment serves the MAC in config space: the daemon knows it, and a
         // locked guest may neither send from another nor switch to one (MAC_ADDR_SET).
         let known = Negotiated { bits }.ctrl_vq().then_some(self.config.mac);
@@ -313,6 +330,8 @@ impl GuestPort {
             self.snooped_groups.store(0, Ordering::Relaxed);
         }
         self.lock_ctrl().reset(self.config.mac);
+        // Empty, deciding or not as the features in force say (none once detached).
+        self.rx.regs.vlan().reset(self.negotiated().ctrl_vlan());
     }
 
     /// The frontend is gone: nothing more is written to the guest, and the next one starts

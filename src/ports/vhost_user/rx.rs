@@ -90,7 +90,9 @@ impl RxSide {
     /// hash. A snooping port also refuses an IGMP or MLD report from another port, which a
     /// snooping switch passes to routers only (RFC 4541 2.1.1): an IGMPv2 or MLDv1 guest
     /// that heard another's report for its group would stay silent, and its own filter
-    /// would never learn the group. Refusals are counted on the queue the frame came in on.
+    /// would never learn the group. Before the address, the VLAN table (a driver that
+    /// negotiated CTRL_VLAN), as QEMU's virtio-net looks at the tag first. Refusals are
+    /// counted on the queue the frame came in on.
     pub(super) fn admit(
         &self,
         health: &Health,
@@ -98,6 +100,10 @@ impl RxSide {
         flow: usize,
         frame: &[u8],
     ) -> Option<Admitted> {
+        if !self.regs.vlan_allows(frame) {
+            tally.at(health.id, flow).rx_vlan_filtered.inc();
+            return None;
+        }
         let dst = MacAddr::from_slice(frame).unwrap_or(MacAddr::BROADCAST);
         let verdict = self.regs.classify(&dst);
         if verdict == Verdict::Reject || (self.snooping && mcast_report::is_report(frame)) {
@@ -176,6 +182,11 @@ impl RxSide {
         // an error, the queue takes nothing more until it is reset, and the run's frames
         // after it are dropped.
         let ran = health.catch_bug_in_run("a received frame", frames, |frame, contained| {
+            // The VLAN table per frame: a run's frames to one address may carry other tags.
+            if !self.regs.vlan_allows(frame.head()) {
+                flow_stats.rx_vlan_filtered.inc();
+                return;
+            }
             let dst = MacAddr::from_slice(frame.head());
             let note = match last {
                 Some((d, note)) if Some(d) == dst && !self.snooping => {
