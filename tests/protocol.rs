@@ -847,18 +847,13 @@ fn a_burst_longer_than_the_budget_is_served_on_one_wake_up() {
     assert!(after.ctrl_wakeups - before.ctrl_wakeups <= 1);
 }
 
-/// A guest with the control queue and rx mode negotiated, once the port has seen that this
-/// is the device attachment.
 /// VLAN_ADD and VLAN_DEL fill the port's VLAN table. A frame tagged with a VLAN the driver
-/// did not add is refused and counted; an untagged frame passes; a promiscuous port passes every tag, as QEMU's virtio-net does.
+/// did not add is refused and counted; an untagged frame passes; a promiscuous port passes
+/// every tag, as QEMU's virtio-net does.
 #[test]
 fn the_vlan_table_follows_the_driver() {
     let r = rig();
-    let g = Guest::connect(
-        &r.path,
-        VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_VLAN | PROTOCOL_FEATURES,
-    );
-    wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
+    let g = device_guest(&r, VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_VLAN | PROTOCOL_FEATURES);
     let ctlq = g.queue(2);
     let untagged = frame("52:54:00:d0:aa:01", 100);
     let tagged = |vid: u16| {
@@ -907,8 +902,16 @@ fn without_ctrl_vlan_every_vlan_passes() {
     );
 }
 
+/// A guest with the control queue and rx mode negotiated, once the port has seen that this
+/// is the device attachment.
 fn ctrl_guest(r: &Rig) -> Guest {
-    let g = Guest::connect(&r.path, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES);
+    device_guest(r, VERSION_1 | CTRL_VQ | CTRL_RX | PROTOCOL_FEATURES)
+}
+
+/// A guest that acked `features`, once the port has seen that this is the device
+/// attachment.
+fn device_guest(r: &Rig, features: u64) -> Guest {
+    let g = Guest::connect(&r.path, features);
     wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
     g
 }
@@ -1156,11 +1159,10 @@ const CTRL_MAC_ADDR: u64 = 1 << 23;
 #[test]
 fn a_locked_guest_cannot_send_from_or_move_to_another_address() {
     let r = rig();
-    let g = Guest::connect(
-        &r.path,
+    let g = device_guest(
+        &r,
         VERSION_1 | CTRL_VQ | CTRL_RX | CTRL_MAC_ADDR | PROTOCOL_FEATURES,
     );
-    wait_until("attachment", || r.port.attachment() == Some(Attachment::Device));
     let txq = g.queue(1);
     let own = frame("ff:ff:ff:ff:ff:ff", 60);
     let mut spoofed = own.clone();
