@@ -15,6 +15,7 @@
 #   emptied by another queue's traffic would miss again.
 # TCG runs the 4 vCPUs on this machine's 2 CPUs: they take turns, which is enough for the
 # queue a datagram takes, the only thing checked here.
+# vnic-kernels: bookworm trixie-bpo
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
