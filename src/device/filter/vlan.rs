@@ -39,13 +39,7 @@ impl VlanTable {
     /// An empty table, deciding (`on`) or letting every VLAN through: what a driver finds
     /// after it acks its features, with or without CTRL_VLAN, and after a reset.
     pub fn reset(&self, on: bool) {
-        if !on {
-            self.on.store(false, Ordering::Release);
-        }
-        for w in &self.allowed {
-            w.store(0, Ordering::Relaxed);
-        }
-        self.on.store(on, Ordering::Release);
+        self.replace(on.then_some(&[]));
     }
 
     /// Lets VLAN `vid` through, or stops it. The control path has checked `vid` (below
@@ -67,12 +61,11 @@ impl VlanTable {
     /// once it holds its VLANs (off before it is emptied), so a VLAN allowed before and
     /// after passes throughout.
     pub fn replace(&self, allowed: Option<&[u16]>) {
-        let Some(allowed) = allowed else {
-            self.reset(false);
-            return;
-        };
+        if allowed.is_none() {
+            self.on.store(false, Ordering::Release);
+        }
         let mut words = [0u64; VLAN_IDS / 64];
-        for &vid in allowed {
+        for &vid in allowed.unwrap_or_default() {
             if let Some(w) = words.get_mut(usize::from(vid) / 64) {
                 *w |= 1 << (vid % 64);
             }
@@ -80,7 +73,7 @@ impl VlanTable {
         for (cell, w) in self.allowed.iter().zip(words) {
             cell.store(w, Ordering::Release);
         }
-        self.on.store(true, Ordering::Release);
+        self.on.store(allowed.is_some(), Ordering::Release);
     }
 
     pub fn is_on(&self) -> bool {

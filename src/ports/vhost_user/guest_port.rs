@@ -244,7 +244,6 @@ impl GuestPort {
         self.tallies.port(self.id)
     }
 
-    /// What `ctl filter` shows, as the control path last published it.
     /// The VLANs the driver lets through; `None` while every VLAN passes.
     pub fn vlans(&self) -> Option<Vec<u16>> {
         self.rx.regs.vlan().allowed()
@@ -255,6 +254,7 @@ impl GuestPort {
         self.rx.regs.vlan().replace(allowed);
     }
 
+    /// What `ctl filter` shows, as the control path last published it.
     pub fn nic_view(&self) -> Arc<NicView> {
         self.nic_view.load_full()
     }

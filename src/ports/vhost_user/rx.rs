@@ -104,6 +104,12 @@ impl RxSide {
             tally.at(health.id, flow).rx_vlan_filtered.inc();
             return None;
         }
+        self.admit_address(health, tally, flow, frame)
+    }
+
+    /// [`RxSide::admit`] past the VLAN table: the address filter and the snooping rule.
+    #[inline]
+    fn admit_address(&self, health: &Health, tally: &Tally, flow: usize, frame: &[u8]) -> Option<Admitted> {
         let dst = MacAddr::from_slice(frame).unwrap_or(MacAddr::BROADCAST);
         let verdict = self.regs.classify(&dst);
         if verdict == Verdict::Reject || (self.snooping && mcast_report::is_report(frame)) {
@@ -182,7 +188,7 @@ impl RxSide {
         // an error, the queue takes nothing more until it is reset, and the run's frames
         // after it are dropped.
         let ran = health.catch_bug_in_run("a received frame", frames, |frame, contained| {
-            // The VLAN table per frame: a run's frames to one address may carry other tags.
+            // The VLAN table per frame (frames to one address may differ in tag), then the address.
             if !self.regs.vlan_allows(frame.head()) {
                 flow_stats.rx_vlan_filtered.inc();
                 return;
@@ -202,7 +208,7 @@ impl RxSide {
                     } else {
                         frame.head()
                     };
-                    let note = self.admit(health, tally, flow, seen);
+                    let note = self.admit_address(health, tally, flow, seen);
                     last = dst.map(|d| (d, note));
                     note
                 }
