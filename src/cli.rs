@@ -258,6 +258,20 @@ pub enum CtlCommand {
         #[command(subcommand)]
         op: RouteOp,
     },
+    /// Tells a guest to announce itself again, through QEMU (--qmp, net attachment): Linux
+    /// then sends its gratuitous ARP and reports every multicast group again. Without a
+    /// port, every port with --qmp.
+    Announce { port: Option<usize> },
+    /// Takes a guest port's link down or brings it up, through QEMU (--qmp, net
+    /// attachment): the guest's carrier follows, and nothing moves while it is down.
+    Link { port: usize, state: LinkState },
+}
+
+/// `ctl link`'s state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkState {
+    Up,
+    Down,
 }
 
 #[derive(Debug, Subcommand)]
@@ -403,7 +417,8 @@ pub struct RunArgs {
     pub poll_cpus: Option<String>,
     /// Net attachment: follow QEMU's rx filter of guest port N (default 0) over its QMP
     /// socket, as libvirt does (NIC_RX_FILTER_CHANGED, query-rx-filter); nic=ID picks the
-    /// NIC when QEMU has several. Repeat for more ports.
+    /// NIC when QEMU has several. With --snoop, only its VLAN table. Also the way for
+    /// ctl announce and ctl link to reach the guest. Repeat for more ports.
     #[arg(
         help_heading = "Receive filter",
         long = "qmp",

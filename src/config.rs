@@ -62,8 +62,6 @@ pub enum ConfigError {
     QmpTwice(usize),
     #[error("--snoop-timeout needs --snoop")]
     SnoopTimeoutAlone,
-    #[error("--snoop and --qmp both drive port {0}'s filter: choose one")]
-    SnoopAndQmp(usize),
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
     #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
@@ -335,9 +333,6 @@ impl Checks<'_> {
     fn check_options(&self) -> Result<(), ConfigError> {
         if self.snoop_timeout > 0 && !self.snoop {
             return Err(ConfigError::SnoopTimeoutAlone);
-        }
-        if let Some(q) = self.qmp.iter().find(|_| self.snoop) {
-            return Err(ConfigError::SnoopAndQmp(q.port));
         }
         if self.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(self.ctrl_poll_us));

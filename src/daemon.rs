@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::config::{Config, Endpoint, GuestPortConfig};
 use crate::control::metrics_server::{self, MetricsError};
+use crate::control::qmp_link::QmpLink;
 use crate::control::server::ControlError;
 use crate::control::view::{self, PortRef};
 use crate::control::{qmp, ControlServer, Daemon};
@@ -166,6 +167,11 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         refused: Default::default(),
         started: view::Started::now(std::env::args().collect()),
         poll: poll.clone(),
+        qmp: cfg
+            .qmp
+            .iter()
+            .map(|q| (q.port, Arc::new(QmpLink::default())))
+            .collect(),
     });
     if let Some(path) = &cfg.control {
         make_default_dir(path)?;
@@ -184,15 +190,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     for (port, listener) in listeners {
         serve_port(port, listener, &stop, &mut started)?;
     }
-    for spec in &cfg.qmp {
-        if let Some(port) = guests.iter().find(|g| g.id == spec.port) {
-            spawned(
-                "QMP follower",
-                qmp::spawn(spec.clone(), port.clone(), &stop),
-                &mut started.servers,
-            )?;
-        }
-    }
+    start_qmp(cfg, &guests, &daemon, &stop, &mut started)?;
     if let Snooping::On { expiry } = cfg.snoop {
         spawned(
             "snoop timer",
@@ -210,6 +208,31 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         cfg.queue_pairs
     );
     Ok(Running { daemon, started })
+}
+
+/// One follower per `--qmp`, each with the connection `daemon` hands `ctl` commands to.
+fn start_qmp(
+    cfg: &Config,
+    guests: &[Arc<GuestPort>],
+    daemon: &Daemon,
+    stop: &Stop,
+    started: &mut Started,
+) -> Result<(), StartError> {
+    for spec in &cfg.qmp {
+        if let (Some(port), Some(link)) = (
+            guests.iter().find(|g| g.id == spec.port),
+            daemon.qmp.get(&spec.port),
+        ) {
+            let f = qmp::Follower {
+                spec: spec.clone(),
+                port: port.clone(),
+                link: link.clone(),
+                snoop: matches!(cfg.snoop, Snooping::On { .. }),
+            };
+            spawned("QMP follower", qmp::spawn(f, stop), &mut started.servers)?;
+        }
+    }
+    Ok(())
 }
 
 /// A bare `--control` listens in a directory of its own (`client::default_path`), made

@@ -924,3 +924,98 @@ fn client_mode_connects_to_a_listening_frontend_and_again_after_it_goes() {
     terminate(&mut d);
     assert!(path.exists(), "the daemon removed the frontend's socket");
 }
+
+/// A QEMU's QMP monitor for `ctl announce` / `ctl link`: greets, follows one NIC, answers
+/// every command with its id, refuses `set_link` up, and reports the commands it got.
+fn fake_qmp(listener: std::os::unix::net::UnixListener) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    use std::io::{BufRead, BufReader, Write};
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut w = s.try_clone().unwrap();
+        writeln!(
+            w,
+            "{}",
+            serde_json::json!({"QMP": {"version": {}, "capabilities": []}})
+        )
+        .unwrap();
+        let info = serde_json::json!([{
+            "promiscuous": false, "name": "nic0", "main-mac": "52:54:00:d0:aa:01",
+            "unicast": "normal", "multicast": "normal", "broadcast-allowed": false,
+            "multicast-overflow": false, "unicast-overflow": false, "unicast-table": [],
+            "multicast-table": []
+        }]);
+        for line in BufReader::new(s).lines() {
+            let Ok(line) = line else { return };
+            let cmd: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let answer = match cmd["execute"].as_str() {
+                Some("query-rx-filter") => serde_json::json!({"return": info, "id": cmd["id"]}),
+                Some("set_link") if cmd["arguments"]["up"] == true => serde_json::json!({
+                    "error": {"class": "GenericError", "desc": "refused by the test"}, "id": cmd["id"]
+                }),
+                _ => serde_json::json!({"return": {}, "id": cmd["id"]}),
+            };
+            writeln!(w, "{answer}").unwrap();
+            let _ = tx.send(cmd);
+        }
+    });
+    rx
+}
+
+#[test]
+fn ctl_announce_and_link_go_to_qemu_through_qmp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctlp, qmp) = (dir.path().join("ctl"), dir.path().join("qmp.sock"));
+    let seen = fake_qmp(std::os::unix::net::UnixListener::bind(&qmp).unwrap());
+    let c = Command::new(BIN)
+        .args(["--socket", dir.path().join("a.sock").to_str().unwrap()])
+        .args(["--socket", dir.path().join("b.sock").to_str().unwrap()])
+        // --snoop keeps port 1's address filter; --qmp still carries the commands.
+        .args(["--snoop", "--qmp", &format!("{},port=1", qmp.display())])
+        .args(["--control", ctlp.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _d = Daemon(c);
+    wait_until("control socket", || {
+        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
+    });
+    let next = |what: &str| loop {
+        let cmd = seen.recv_timeout(Duration::from_secs(10)).unwrap();
+        if cmd["execute"] == what {
+            return cmd;
+        }
+    };
+    // The follower's first query finds the NIC, the second (naming it) follows it.
+    while next("query-rx-filter")["arguments"]["name"] != "nic0" {}
+
+    let (ok, v, err) = ctl(&ctlp, &["announce", "1"]);
+    assert!(ok, "{err}");
+    assert_eq!(v["announced"], serde_json::json!([1]));
+    let cmd = next("announce-self");
+    assert_eq!(cmd["arguments"]["interfaces"], serde_json::json!(["nic0"]));
+    assert_eq!(cmd["arguments"]["rounds"], 1);
+    let (ok, v, _) = ctl(&ctlp, &["announce"]);
+    assert!(ok && v["announced"] == serde_json::json!([1]), "{v}");
+    next("announce-self");
+
+    let (ok, v, err) = ctl(&ctlp, &["link", "1", "down"]);
+    assert!(ok, "{err}");
+    assert_eq!((v["port"].as_u64(), v["link"].as_str()), (Some(1), Some("down")));
+    assert_eq!(
+        next("set_link")["arguments"],
+        serde_json::json!({"name": "nic0", "up": false})
+    );
+    let (ok, _, err) = ctl(&ctlp, &["link", "1", "up"]);
+    assert!(
+        !ok && err.contains("QEMU answered") && err.contains("refused by the test"),
+        "{err}"
+    );
+
+    let (ok, _, err) = ctl(&ctlp, &["announce", "0"]);
+    assert!(!ok && err.contains("port 0 has no --qmp"), "{err}");
+    let (ok, _, err) = ctl(&ctlp, &["link", "7", "down"]);
+    assert!(!ok && err.contains("port 7 does not exist (2 ports)"), "{err}");
+    let (ok, _, err) = ctl(&ctlp, &["link", "1", "sideways"]);
+    assert!(!ok && err.contains("invalid value 'sideways'"), "{err}");
+}

@@ -1247,6 +1247,7 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
         refused: Default::default(),
         started: view::Started::now(Vec::new()),
         poll: None,
+        qmp: Default::default(),
     });
     let held = r.port.lock_ctrl();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::present;
-use crate::cli::{CtlArgs, CtlCommand, Format};
+use crate::cli::{CtlArgs, CtlCommand, Format, LinkState};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -93,6 +93,7 @@ pub fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<(), ClientError> {
     } else {
         Format::Json
     });
+    let owned: String;
     let (cmd, arg) = match &args.what {
         CtlCommand::Stats => ("stats", None),
         CtlCommand::Filter => ("filter", None),
@@ -100,6 +101,15 @@ pub fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<(), ClientError> {
         CtlCommand::Action { op } => op.request(),
         CtlCommand::Route { op } => op.request(),
         CtlCommand::Watch { interval, count } => return watch(&path, *interval, *count, out),
+        CtlCommand::Announce { port } => {
+            owned = port.map(|p| p.to_string()).unwrap_or_default();
+            ("announce", port.map(|_| owned.as_str()))
+        }
+        CtlCommand::Link { port, state } => {
+            let word = if *state == LinkState::Up { "up" } else { "down" };
+            owned = format!("{port} {word}");
+            ("link", Some(owned.as_str()))
+        }
     };
     let v = ask(&path, cmd, arg)?;
     let text = match format {

@@ -2,8 +2,10 @@
 //!
 //! Requests: `{"cmd":"stats"}`, `{"cmd":"filter"}`, `{"cmd":"action-list"}`,
 //! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`, and the same three
-//! for `route`. Answers are objects; failures carry an `"error"` key. Every answer carries
-//! `"version"`: [`INTERFACE_VERSION`].
+//! for `route`; `{"cmd":"announce"}` (optionally `"arg":PORT`) and
+//! `{"cmd":"link","arg":"PORT up|down"}`, sent on to QEMU over `--qmp`. Answers are
+//! objects; failures carry an `"error"` key. Every answer carries `"version"`:
+//! [`INTERFACE_VERSION`].
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +16,7 @@ pub mod metrics_server;
 pub mod present;
 pub mod qemu_args;
 pub mod qmp;
+pub mod qmp_link;
 pub mod server;
 pub mod version;
 pub mod view;

@@ -83,8 +83,16 @@ pub fn answer(cmd: &str, v: &Value) -> String {
         "info" => info(v),
         "action-list" | "action-add" | "action-del" => list("action (in the order they run)", &v["actions"]),
         "route-list" | "route-add" | "route-del" => routes(v),
+        "announce" => format!("announced on port(s) {}", join_values(&v["announced"])),
+        "link" => format!("port {}: link {}", v["port"], v["link"].as_str().unwrap_or("?")),
         _ => serde_json::to_string_pretty(v).unwrap_or_default(),
     }
+}
+
+/// An array's items, comma-separated.
+fn join_values(v: &Value) -> String {
+    let items = v.as_array().map(Vec::as_slice).unwrap_or_default();
+    items.iter().map(Value::to_string).collect::<Vec<_>>().join(", ")
 }
 
 fn stats(v: &Value) -> String {

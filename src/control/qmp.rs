@@ -4,8 +4,7 @@
 //! once and re-arms it only when queried). QEMU's table holds 64 entries; past that it
 //! reports overflow, which the filter treats as allmulti / alluni.
 
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::Shutdown;
+use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -18,9 +17,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use super::qmp_link::QmpLink;
 use crate::device::{RxMode, RxState};
 use crate::ports::vhost_user::GuestPort;
-use crate::stop::{Current, Stop, Stoppable};
+use crate::stop::{Stop, Stoppable};
 use crate::wire::MacAddr;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -45,6 +45,8 @@ pub enum QmpError {
     Closed,
     #[error("QEMU answered {0}")]
     Refused(String),
+    #[error("QEMU sent a line longer than {0} bytes")]
+    TooLong(u64),
     #[error("QEMU has {0} NICs: say which with nic=ID")]
     Ambiguous(usize),
 }
@@ -141,54 +143,91 @@ impl RxFilterInfo {
     }
 }
 
+/// The longest line a QEMU may send: an answer for QEMU's 64-entry table is a few KB, and a
+/// QEMU that sends more is not followed (a compromised frontend gets no unbounded buffer).
+const MAX_LINE: u64 = 1 << 20;
+
+/// The id the follower's own commands carry; the control socket's carry numbers.
+const FOLLOWER_ID: &str = "follower";
+
 struct Conn {
     r: BufReader<UnixStream>,
-    w: UnixStream,
+    link: Arc<QmpLink>,
 }
 
 impl Conn {
     /// Reads QEMU's greeting and leaves capabilities negotiation (no event comes before).
-    fn greet(s: UnixStream) -> Result<Conn, QmpError> {
+    /// `link` has the connection attached: commands are written through it.
+    fn greet(s: UnixStream, link: Arc<QmpLink>) -> Result<Conn, QmpError> {
         let mut c = Conn {
-            r: BufReader::new(s.try_clone().map_err(QmpError::Io)?),
-            w: s,
+            r: BufReader::new(s),
+            link,
         };
         c.read()?; // greeting
-        c.call(json!({ "execute": "qmp_capabilities" }))?;
+        c.call(json!({ "execute": "qmp_capabilities" }), None)?;
         Ok(c)
     }
 
+    /// The next line that is not an answer to a control client's command (those are handed
+    /// to the client waiting for them).
     fn read(&mut self) -> Result<Value, QmpError> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line).map_err(QmpError::Io)? == 0 {
-            return Err(QmpError::Closed);
+        loop {
+            let mut line = String::new();
+            let n = (&mut self.r)
+                .take(MAX_LINE)
+                .read_line(&mut line)
+                .map_err(QmpError::Io)?;
+            if n == 0 {
+                return Err(QmpError::Closed);
+            }
+            if !line.ends_with('\n') && n as u64 == MAX_LINE {
+                return Err(QmpError::TooLong(MAX_LINE));
+            }
+            let v: Value = serde_json::from_str(&line).map_err(QmpError::Json)?;
+            match v.get("id").and_then(Value::as_u64) {
+                Some(id) => {
+                    let answer = match (v.get("return"), v.get("error")) {
+                        (Some(r), _) => Ok(r.clone()),
+                        (None, e) => Err(e.map(Value::to_string).unwrap_or_else(|| v.to_string())),
+                    };
+                    if !self.link.answer(id, answer) {
+                        debug!("QMP answer to command {id}, which nobody waits for");
+                    }
+                }
+                None => return Ok(v),
+            }
         }
-        serde_json::from_str(&line).map_err(QmpError::Json)
     }
 
-    /// Sends a command and returns its result; events arriving meanwhile are kept.
-    fn call(&mut self, cmd: Value) -> Result<(Value, Vec<Value>), QmpError> {
-        writeln!(self.w, "{cmd}").map_err(QmpError::Io)?;
-        let mut events = Vec::new();
+    /// Sends a command and returns its result, and whether an event for `nic` came
+    /// meanwhile. Other events are dropped as they come: a QEMU that sends events and never
+    /// answers gets no growing buffer.
+    fn call(&mut self, mut cmd: Value, nic: Option<&str>) -> Result<(Value, bool), QmpError> {
+        cmd["id"] = FOLLOWER_ID.into();
+        self.link.send(&cmd).map_err(QmpError::Io)?;
+        let mut ours = false;
         loop {
             let v = self.read()?;
-            if let Some(r) = v.get("return") {
-                return Ok((r.clone(), events));
+            // QEMU echoes the id; an answer without one can only be to the follower too.
+            if v.get("id").is_none_or(|id| id.as_str() == Some(FOLLOWER_ID)) {
+                if let Some(r) = v.get("return") {
+                    return Ok((r.clone(), ours));
+                }
+                if let Some(e) = v.get("error") {
+                    return Err(QmpError::Refused(e.to_string()));
+                }
             }
-            if let Some(e) = v.get("error") {
-                return Err(QmpError::Refused(e.to_string()));
-            }
-            events.push(v);
+            ours |= nic.is_some_and(|n| is_our_event(&v, n));
         }
     }
 
-    fn query(&mut self, nic: Option<&str>) -> Result<(Vec<RxFilterInfo>, Vec<Value>), QmpError> {
+    fn query(&mut self, nic: Option<&str>) -> Result<(Vec<RxFilterInfo>, bool), QmpError> {
         let cmd = match nic {
             Some(n) => json!({ "execute": "query-rx-filter", "arguments": { "name": n } }),
             None => json!({ "execute": "query-rx-filter" }),
         };
-        let (r, ev) = self.call(cmd)?;
-        Ok((serde_json::from_value(r).map_err(QmpError::Json)?, ev))
+        let (r, ours) = self.call(cmd, nic)?;
+        Ok((serde_json::from_value(r).map_err(QmpError::Json)?, ours))
     }
 
     /// Queries `nic` and hands the answer to `apply`, again for as long as an event of ours
@@ -200,9 +239,9 @@ impl Conn {
     /// Dropping such an event left a port's filter stale for good.
     fn sync(&mut self, nic: &str, apply: &mut impl FnMut(&[RxFilterInfo])) -> Result<(), QmpError> {
         loop {
-            let (infos, events) = self.query(Some(nic))?;
+            let (infos, changed_meanwhile) = self.query(Some(nic))?;
             apply(&infos);
-            if !events.iter().any(|e| is_our_event(e, nic)) {
+            if !changed_meanwhile {
                 return Ok(());
             }
         }
@@ -227,84 +266,88 @@ fn is_our_event(ev: &Value, nic: &str) -> bool {
             .is_none_or(|n| n == nic)
 }
 
+/// What one `--qmp` follower serves.
+pub struct Follower {
+    pub spec: QmpSpec,
+    pub port: Arc<GuestPort>,
+    /// Where the control socket's commands for this QEMU go.
+    pub link: Arc<QmpLink>,
+    /// `--snoop` keeps the port's address filter: QEMU's view gives the VLAN table only.
+    pub snoop: bool,
+}
+
 /// Follows one QEMU's NIC until `stop` is requested, reconnecting when QEMU restarts.
-pub fn spawn(spec: QmpSpec, port: Arc<GuestPort>, stop: &Stop) -> io::Result<Stoppable> {
-    let conn = Arc::new(Current::<UnixStream>::default());
-    let (stop, current) = (stop.clone(), conn.clone());
+pub fn spawn(f: Follower, stop: &Stop) -> io::Result<Stoppable> {
+    let f = Arc::new(f);
+    let (stop, waker) = (stop.clone(), f.clone());
     let handle = thread::Builder::new()
-        .name(format!("vnic-qmp{}", spec.port))
+        .name(format!("vnic-qmp{}", f.spec.port))
         .spawn(move || {
             let mut last_err = String::new();
             while !stop.requested() {
-                match follow(&spec, &port, &current, &stop) {
-                    Ok(()) => {}
-                    Err(e) => {
-                        let msg = crate::logging::error_chain(&e);
-                        // Say it once per kind of failure, not every retry.
-                        if msg != last_err {
-                            match e {
-                                QmpError::Io(_) | QmpError::Closed => {
-                                    debug!("qmp {}: {msg}", spec.path.display())
-                                }
-                                _ => warn!("qmp {}: {msg}", spec.path.display()),
+                if let Err(e) = follow(&f, &stop) {
+                    let msg = crate::logging::error_chain(&e);
+                    // Say it once per kind of failure, not every retry.
+                    if msg != last_err {
+                        match e {
+                            QmpError::Io(_) | QmpError::Closed => {
+                                debug!("qmp {}: {msg}", f.spec.path.display())
                             }
-                            last_err = msg;
+                            _ => warn!("qmp {}: {msg}", f.spec.path.display()),
                         }
+                        last_err = msg;
                     }
                 }
-                current.clear();
+                f.link.detach();
                 thread::sleep(Duration::from_millis(200));
             }
         })?;
     Ok(Stoppable::new("QMP follower", handle, move || {
-        conn.with(|s| {
-            let _ = s.shutdown(Shutdown::Both);
-        })
+        waker.link.shutdown()
     }))
 }
 
-fn follow(
-    spec: &QmpSpec,
-    port: &GuestPort,
-    current: &Current<UnixStream>,
-    stop: &Stop,
-) -> Result<(), QmpError> {
-    let s = UnixStream::connect(&spec.path).map_err(QmpError::Io)?;
+fn follow(f: &Follower, stop: &Stop) -> Result<(), QmpError> {
+    let s = UnixStream::connect(&f.spec.path).map_err(QmpError::Io)?;
     // Registered before the greeting: a QEMU that never greets cannot hold up a stop.
-    if !current.set(s.try_clone().map_err(QmpError::Io)?, stop) {
+    if !f.link.attach(s.try_clone().map_err(QmpError::Io)?, stop) {
         return Ok(());
     }
-    let mut c = Conn::greet(s)?;
-    let nic = match &spec.nic {
+    let mut c = Conn::greet(s, f.link.clone())?;
+    let nic = match &f.spec.nic {
         Some(n) => n.clone(),
         None => match c.query(None)?.0.as_slice() {
             [one] => one.name.clone(),
             many => return Err(QmpError::Ambiguous(many.len())),
         },
     };
+    f.link.set_nic(&nic);
     info!(
         "qmp {}: following NIC {nic} for port {}",
-        spec.path.display(),
-        port.id
+        f.spec.path.display(),
+        f.port.id
     );
-    c.follow(&nic, |infos| apply(port, infos, &nic))
+    c.follow(&nic, |infos| apply(f, infos, &nic))
 }
 
-fn apply(port: &GuestPort, infos: &[RxFilterInfo], nic: &str) {
+fn apply(f: &Follower, infos: &[RxFilterInfo], nic: &str) {
     let Some(info) = infos.iter().find(|i| i.name == nic) else {
         return;
     };
-    if let Some(rx) = info.to_rx_state() {
-        port.lock_ctrl().apply_rx_state(rx);
+    if !f.snoop {
+        if let Some(rx) = info.to_rx_state() {
+            f.port.lock_ctrl().apply_rx_state(rx);
+        }
     }
     // QEMU answers the guest's VLAN commands and keeps the table; its own data path is
     // the only one that would apply it.
-    port.set_vlans(info.vlans().as_deref());
+    f.port.set_vlans(info.vlans().as_deref());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn spec_parsing() {
@@ -375,7 +418,9 @@ mod tests {
             // QEMU goes away: the follower returns.
         });
         let mut seen = Vec::new();
-        let mut c = Conn::greet(ours).unwrap();
+        let link = Arc::new(QmpLink::default());
+        assert!(link.attach(ours.try_clone().unwrap(), &Stop::default()));
+        let mut c = Conn::greet(ours, link).unwrap();
         let end = c.follow("nic0", |infos| seen.push(infos[0].multicast_table.clone()));
         qemu.join().unwrap();
         assert!(matches!(end, Err(QmpError::Closed)), "{end:?}");
@@ -389,6 +434,70 @@ mod tests {
                 "01:00:5e:00:00:04"
             ]
         );
+    }
+
+    /// A control client's command goes out on the follower's connection while the follower
+    /// waits for events; its answer, which comes after an event, reaches the client, and the
+    /// event is still followed. A line past the limit ends the connection.
+    #[test]
+    fn a_control_command_shares_the_followers_connection() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        for end in [&ours, &theirs] {
+            end.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        let info = json!([{
+            "promiscuous": false, "name": "nic0", "main-mac": "52:54:00:d0:aa:01",
+            "unicast": "normal", "multicast": "normal", "broadcast-allowed": false,
+            "multicast-overflow": false, "unicast-overflow": false, "unicast-table": [],
+            "multicast-table": []
+        }]);
+        let link = Arc::new(QmpLink::default());
+        assert!(link.attach(ours.try_clone().unwrap(), &Stop::default()));
+        link.set_nic("nic0");
+        let follower = {
+            let link = link.clone();
+            thread::spawn(move || {
+                let mut queries = 0;
+                let mut c = Conn::greet(ours, link).unwrap();
+                let end = c.follow("nic0", |_| queries += 1);
+                (end, queries)
+            })
+        };
+        let mut w = theirs.try_clone().unwrap();
+        let mut r = BufReader::new(theirs);
+        let mut next = || {
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            serde_json::from_str::<Value>(&line).unwrap()
+        };
+        writeln!(w, "{}", json!({"QMP": {"version": {}, "capabilities": []}})).unwrap();
+        let cap = next();
+        writeln!(w, "{}", json!({"return": {}, "id": cap["id"]})).unwrap();
+        let q = next();
+        assert_eq!(q["execute"], "query-rx-filter");
+        writeln!(w, "{}", json!({"return": info, "id": q["id"]})).unwrap();
+        // The follower now waits for events; a client asks for an announce.
+        let client = {
+            let link = link.clone();
+            thread::spawn(move || link.announce(Duration::from_secs(5)))
+        };
+        let cmd = next();
+        assert_eq!(cmd["execute"], "announce-self");
+        let event = json!({"event": "NIC_RX_FILTER_CHANGED", "data": {"name": "nic0"}});
+        writeln!(w, "{event}\n{}", json!({"return": {}, "id": cmd["id"]})).unwrap();
+        client.join().unwrap().unwrap();
+        let q = next();
+        assert_eq!(
+            q["execute"], "query-rx-filter",
+            "the event before the answer was dropped"
+        );
+        writeln!(w, "{}", json!({"return": info, "id": q["id"]})).unwrap();
+        // A compromised QEMU's endless line.
+        let long = vec![b'x'; MAX_LINE as usize + 10];
+        let _ = w.write_all(&long);
+        let (end, queries) = follower.join().unwrap();
+        assert!(matches!(end, Err(QmpError::TooLong(_))), "{end:?}");
+        assert_eq!(queries, 2);
     }
 
     /// QEMU's VLAN state: "normal" with the IDs the guest added, "none" with none, "all"

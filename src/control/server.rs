@@ -19,7 +19,8 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::bounded::{self, Framed, Limits, ReadError};
-use super::view::{self, Daemon};
+use super::qmp_link::{QmpLink, ANSWER_WAIT};
+use super::view::{self, Daemon, PortRef};
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::Route;
 use crate::pipeline::rules::{NamesPort, Rules, MAX_ACTIONS, MAX_ROUTES};
@@ -178,6 +179,60 @@ fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::V
     reply(r, || view::routes(&d.switch))
 }
 
+/// The `--qmp` connection of guest port `arg` (a number).
+fn qmp_link<'a>(d: &'a Daemon, arg: &str) -> Result<(usize, &'a QmpLink), String> {
+    let p: usize = arg.parse().map_err(|e| format!("bad port {arg:?}: {e}"))?;
+    match d.ports.get(p) {
+        None => Err(format!("port {p} does not exist ({} ports)", d.ports.len())),
+        Some(PortRef::Tap(_)) => Err(format!("port {p} is the tap: there is no guest to tell")),
+        Some(PortRef::Guest(_)) => d.qmp.get(&p).map(|l| (p, &**l)).ok_or_else(|| {
+            format!(
+                "port {p} has no --qmp: the guest hears of an announce or a link change through \
+                 QEMU's virtio-net, so start the daemon with --qmp PATH,port={p} (net attachment; \
+                 the device attachment cannot raise the config interrupt, \
+                 docs/running-with-qemu.md)"
+            )
+        }),
+    }
+}
+
+/// `announce [PORT]`: QEMU's announce-self on one port, or on every port with `--qmp`.
+fn announce(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
+    let links: Vec<(usize, &QmpLink)> = match arg {
+        Some(a) => vec![qmp_link(d, a)?],
+        None if d.qmp.is_empty() => {
+            return Err("no port has --qmp: nothing can tell a guest to announce".into())
+        }
+        None => d.qmp.iter().map(|(p, l)| (*p, &**l)).collect(),
+    };
+    let mut done = Vec::new();
+    for (p, link) in links {
+        link.announce(ANSWER_WAIT)
+            .map_err(|e| format!("port {p}: {}", crate::logging::error_chain(&e)))?;
+        done.push(p);
+    }
+    Ok(serde_json::json!({ "announced": done }))
+}
+
+/// `link PORT up|down`: QEMU's set_link on that port's NIC.
+fn link(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
+    let usage = "link needs PORT up|down";
+    let (port, state) = arg.and_then(|a| a.split_once(' ')).ok_or(usage)?;
+    let up = match state.trim() {
+        "up" => true,
+        "down" => false,
+        other => return Err(format!("{usage}, not {other:?}")),
+    };
+    let (p, l) = qmp_link(d, port.trim())?;
+    l.set_link(up, ANSWER_WAIT)
+        .map_err(|e| format!("port {p}: {}", crate::logging::error_chain(&e)))?;
+    Ok(serde_json::json!({ "port": p, "link": if up { "up" } else { "down" } }))
+}
+
+fn answered(r: Result<serde_json::Value, String>) -> Result<serde_json::Value, serde_json::Error> {
+    r.or_else(error)
+}
+
 /// Answers one request line.
 pub fn answer(d: &Daemon, line: &str) -> String {
     let reply = match serde_json::from_str::<Request>(line) {
@@ -191,6 +246,8 @@ pub fn answer(d: &Daemon, line: &str) -> String {
             "route-list" => serde_json::to_value(view::routes(&d.switch)),
             "route-add" => edit_routes(d, true, r.arg.as_deref()),
             "route-del" => edit_routes(d, false, r.arg.as_deref()),
+            "announce" => answered(announce(d, r.arg.as_deref())),
+            "link" => answered(link(d, r.arg.as_deref())),
             other => error(format!("unknown command {other:?}")),
         },
         Err(e) => Ok(serde_json::json!({ "error": format!("bad request: {e}") })),
@@ -262,6 +319,7 @@ mod tests {
             refused: Default::default(),
             started: view::Started::now(Vec::new()),
             poll: None,
+            qmp: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use super::qmp_link::QmpLink;
 use crate::device::features::Attachment;
 use crate::device::filter::model::FilterSnapshot;
 use crate::device::filter::regs::FilterStats;
@@ -38,6 +39,8 @@ pub struct Daemon {
     pub started: Started,
     /// The poll threads (`--poll`, `--poll-cpus`), if any.
     pub poll: Option<Arc<PollGroup>>,
+    /// `--qmp`'s connections by guest port, for `ctl announce` and `ctl link`.
+    pub qmp: BTreeMap<usize, Arc<QmpLink>>,
 }
 
 /// When the daemon started, and its command line.

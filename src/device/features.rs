@@ -40,6 +40,11 @@ pub fn offered(queue_pairs: u16) -> u64 {
         // A VLAN table beside the address filter (device::filter::vlan); in the net
         // attachment QEMU answers the command itself and keeps its own table.
         | bit(VIRTIO_NET_F_CTRL_VLAN)
+        // Lets QEMU's virtio-net (net attachment) ask the driver to announce itself
+        // (`ctl announce`, QMP announce-self); QEMU answers ANNOUNCE_ACK itself. The device
+        // attachment never sets VIRTIO_NET_S_ANNOUNCE: vhost 0.18 cannot send the
+        // config-change message that would tell the driver (docs/running-with-qemu.md).
+        | bit(VIRTIO_NET_F_GUEST_ANNOUNCE)
         // Segmentation offload both ways: guests may send TSO/USO frames; guests that take
         // them get them whole, the others get segments cut by pipeline::gso.
         | bit(VIRTIO_NET_F_HOST_TSO4)

@@ -1,0 +1,232 @@
+//! Commands for QEMU from the control socket (`ctl announce`, `ctl link`), sent over the
+//! `--qmp` follower's connection: a QMP socket (`-qmp unix:PATH,server=on`) serves one
+//! client at a time, so a second connection would wait until the follower left. Each
+//! command carries a numeric `id`; the follower, the connection's only reader, hands the
+//! answer with that id back to the thread waiting for it (QMP echoes `id`, QEMU's
+//! docs/interop/qmp-spec.rst, "Commands Responses").
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::stop::Stop;
+use crate::sync::lock;
+
+/// How long a control client waits for QEMU's answer.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Commands waiting for an answer at once; the control socket serves at most 16 clients,
+/// so this is reached only if QEMU stops answering.
+const MAX_WAITING: usize = 16;
+
+#[derive(Debug, Error)]
+pub enum LinkError {
+    #[error("not connected to QEMU's QMP socket")]
+    NotConnected,
+    #[error("{MAX_WAITING} commands already wait for QEMU's answer")]
+    Busy,
+    #[error("writing to QMP")]
+    Io(#[source] io::Error),
+    #[error("QEMU did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the QMP connection closed before QEMU answered")]
+    Lost,
+    #[error("QEMU answered {0}")]
+    Refused(String),
+}
+
+/// An answer as the follower read it: `return`'s value, or `error`'s text.
+pub type Answer = Result<Value, String>;
+
+#[derive(Default)]
+struct Inner {
+    /// The connection (written here by every thread; read by the follower alone).
+    conn: Option<UnixStream>,
+    /// The NIC the follower found or was told (`nic=ID`).
+    nic: Option<String>,
+    next: u64,
+    waiting: HashMap<u64, SyncSender<Answer>>,
+}
+
+/// One `--qmp` connection as other threads see it.
+#[derive(Default)]
+pub struct QmpLink {
+    inner: Mutex<Inner>,
+}
+
+impl QmpLink {
+    /// Registers the follower's new connection (a clone of the one it reads); false if a
+    /// stop was requested meanwhile, and the follower should not block on it.
+    pub fn attach(&self, s: UnixStream, stop: &Stop) -> bool {
+        lock(&self.inner).conn = Some(s);
+        !stop.requested()
+    }
+
+    /// The follower knows which NIC it follows.
+    pub fn set_nic(&self, nic: &str) {
+        lock(&self.inner).nic = Some(nic.to_string());
+    }
+
+    /// The connection is gone: every waiting command gets `Lost`.
+    pub fn detach(&self) {
+        let mut g = lock(&self.inner);
+        g.conn = None;
+        g.nic = None;
+        g.waiting.clear();
+    }
+
+    /// Wakes the follower from its read (daemon stop).
+    pub fn shutdown(&self) {
+        if let Some(s) = lock(&self.inner).conn.as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Writes one line (the follower's own commands go through here too, so that two
+    /// threads never interleave their bytes).
+    pub fn send(&self, line: &Value) -> io::Result<()> {
+        let g = lock(&self.inner);
+        let mut s = g.conn.as_ref().ok_or(io::ErrorKind::NotConnected)?;
+        writeln!(s, "{line}")
+    }
+
+    /// Hands an answer with a numeric id to the thread that sent that command; false if
+    /// nobody waits for it (it gave up, or QEMU made the id up).
+    pub fn answer(&self, id: u64, answer: Answer) -> bool {
+        match lock(&self.inner).waiting.remove(&id) {
+            Some(tx) => tx.try_send(answer).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Runs `command` with `arguments` (the NIC's name filled in by `args`) and waits up to
+    /// `wait` for QEMU's answer.
+    pub fn execute(
+        &self,
+        command: &str,
+        args: impl FnOnce(&str) -> Value,
+        wait: Duration,
+    ) -> Result<Value, LinkError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let id = {
+            let mut g = lock(&self.inner);
+            let nic = match (&g.conn, &g.nic) {
+                (Some(_), Some(nic)) => nic.clone(),
+                _ => return Err(LinkError::NotConnected),
+            };
+            if g.waiting.len() >= MAX_WAITING {
+                return Err(LinkError::Busy);
+            }
+            let id = g.next;
+            g.next += 1;
+            let line = json!({ "execute": command, "arguments": args(&nic), "id": id });
+            let mut s = g.conn.as_ref().ok_or(LinkError::NotConnected)?;
+            writeln!(s, "{line}").map_err(LinkError::Io)?;
+            g.waiting.insert(id, tx);
+            id
+        };
+        match rx.recv_timeout(wait) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(LinkError::Refused(e)),
+            Err(RecvTimeoutError::Timeout) => {
+                lock(&self.inner).waiting.remove(&id);
+                Err(LinkError::Timeout(wait))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(LinkError::Lost),
+        }
+    }
+
+    /// QMP `announce-self` for this NIC alone, one round: QEMU's virtio-net sets
+    /// VIRTIO_NET_S_ANNOUNCE and raises a config interrupt when the driver acked
+    /// GUEST_ANNOUNCE (hw/net/virtio-net.c, `virtio_net_announce`), and the driver's
+    /// `netdev_notify_peers` makes Linux report every group again (NETDEV_RESEND_IGMP).
+    pub fn announce(&self, wait: Duration) -> Result<(), LinkError> {
+        // One round, sent at once (migration/announce.c runs the first round when asked);
+        // the timing fields are required but matter only for later rounds.
+        self.execute(
+            "announce-self",
+            |nic| json!({ "initial": 50, "max": 550, "rounds": 1, "step": 50, "interfaces": [nic] }),
+            wait,
+        )
+        .map(drop)
+    }
+
+    /// QMP `set_link`: QEMU clears or sets VIRTIO_NET_S_LINK_UP, notifies the guest, and
+    /// stops or restarts the vhost-user rings (hw/net/virtio-net.c, `virtio_net_set_link_status`).
+    pub fn set_link(&self, up: bool, wait: Duration) -> Result<(), LinkError> {
+        self.execute("set_link", |nic| json!({ "name": nic, "up": up }), wait)
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::sync::Arc;
+    use std::thread;
+
+    fn linked() -> (Arc<QmpLink>, BufReader<UnixStream>) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let link = Arc::new(QmpLink::default());
+        assert!(link.attach(ours, &Stop::default()));
+        link.set_nic("nic0");
+        (link, BufReader::new(theirs))
+    }
+
+    fn read_command(r: &mut BufReader<UnixStream>) -> Value {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// The command names the followed NIC and an id; the answer with that id, and only
+    /// that one, reaches the caller.
+    #[test]
+    fn an_answer_reaches_the_command_with_its_id() {
+        let (link, mut qemu) = linked();
+        let l = link.clone();
+        let caller = thread::spawn(move || l.set_link(false, Duration::from_secs(5)));
+        let cmd = read_command(&mut qemu);
+        assert_eq!(cmd["execute"], "set_link");
+        assert_eq!(cmd["arguments"], json!({"name": "nic0", "up": false}));
+        let id = cmd["id"].as_u64().unwrap();
+        assert!(!link.answer(id + 1, Ok(json!({}))), "an id nobody sent was taken");
+        assert!(link.answer(id, Ok(json!({}))));
+        caller.join().unwrap().unwrap();
+        assert!(!link.answer(id, Ok(json!({}))), "an answer was taken twice");
+    }
+
+    #[test]
+    fn refusals_timeouts_and_lost_connections_are_errors() {
+        let (link, mut qemu) = linked();
+        let l = link.clone();
+        let caller = thread::spawn(move || l.announce(Duration::from_secs(5)));
+        let cmd = read_command(&mut qemu);
+        assert_eq!(cmd["arguments"]["interfaces"], json!(["nic0"]));
+        link.answer(cmd["id"].as_u64().unwrap(), Err("no such NIC".into()));
+        assert!(matches!(caller.join().unwrap(), Err(LinkError::Refused(e)) if e == "no such NIC"));
+
+        let r = link.announce(Duration::from_millis(50));
+        assert!(matches!(r, Err(LinkError::Timeout(_))), "{r:?}");
+        let cmd = read_command(&mut qemu);
+        assert!(
+            !link.answer(cmd["id"].as_u64().unwrap(), Ok(json!({}))),
+            "kept after its timeout"
+        );
+
+        let l = link.clone();
+        let caller = thread::spawn(move || l.announce(Duration::from_secs(5)));
+        read_command(&mut qemu);
+        link.detach();
+        assert!(matches!(caller.join().unwrap(), Err(LinkError::Lost)));
+        assert!(matches!(link.announce(ANSWER_WAIT), Err(LinkError::NotConnected)));
+    }
+}
