@@ -202,10 +202,29 @@ pub struct QemuArgsArgs {
     /// The daemon connects (its --client): QEMU listens on the socket.
     #[arg(long)]
     pub client: bool,
-    /// Print libvirt domain XML (memoryBacking, and the interface or qemu:commandline)
-    /// instead of QEMU arguments.
-    #[arg(long)]
-    pub libvirt: bool,
+    /// Print libvirt domain XML instead of QEMU arguments: all of it (memoryBacking, and
+    /// the interface or qemu:commandline), or one piece: memory (the memoryBacking a
+    /// domain needs) or interface (the element alone, as virsh attach-device takes it).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "PART",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all"
+    )]
+    pub libvirt: Option<LibvirtPart>,
+}
+
+/// Which of libvirt's pieces `qemu-args --libvirt` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LibvirtPart {
+    /// The memoryBacking, then the interface (or the qemu:commandline).
+    All,
+    /// The memoryBacking alone.
+    Memory,
+    /// The interface element alone (net attachment).
+    Interface,
 }
 
 #[derive(Debug, Args)]

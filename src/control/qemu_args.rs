@@ -7,7 +7,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use crate::cli::{Attach, QemuArgsArgs, MAX_QUEUE_PAIRS};
+use crate::cli::{Attach, LibvirtPart, QemuArgsArgs, MAX_QUEUE_PAIRS};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum QemuArgsError {
@@ -17,6 +17,11 @@ pub enum QemuArgsError {
     Memory(String),
     #[error("--socket {0:?}: not a path QEMU and libvirt can be given (it must be absolute UTF-8)")]
     Socket(String),
+    #[error(
+        "--libvirt=interface: libvirt has no element for the device attachment's device; \
+         --libvirt prints its <qemu:commandline>"
+    )]
+    NoInterface,
 }
 
 /// The chardev, netdev and device id the arguments use.
@@ -32,8 +37,8 @@ pub fn render(a: &QemuArgsArgs) -> Result<String, QemuArgsError> {
         return Err(QemuArgsError::Memory(a.memory.clone()));
     }
     let socket = socket(&a.socket)?;
-    if a.libvirt {
-        return Ok(libvirt(a, socket));
+    if let Some(part) = a.libvirt {
+        return libvirt(a, socket, part);
     }
     let lines = qemu(a, socket);
     Ok(lines.join(" \\\n") + "\n")
@@ -100,28 +105,40 @@ fn xml(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn libvirt(a: &QemuArgsArgs, socket: &str) -> String {
-    let mut out = String::from(
-        "<!-- In <domain>: guest memory the daemon can map. -->\n\
-         <memoryBacking>\n  <source type='memfd'/>\n  <access mode='shared'/>\n</memoryBacking>\n",
-    );
+/// The guest memory a vhost-user backend can map.
+const MEMORY_BACKING: &str =
+    "<memoryBacking>\n  <source type='memfd'/>\n  <access mode='shared'/>\n</memoryBacking>\n";
+
+/// The net attachment's `<interface>` element.
+fn interface(a: &QemuArgsArgs, socket: &str) -> String {
+    // libvirt's mode is QEMU's side: 'client' when the daemon listens.
+    let (mode, reconnect) = if a.client {
+        ("server", "")
+    } else {
+        ("client", "\n    <reconnect enabled='yes' timeout='1'/>\n  ")
+    };
+    format!(
+        "<interface type='vhostuser'>\n  <mac address='{}'/>\n  \
+         <source type='unix' path='{}' mode='{mode}'>{reconnect}</source>\n  \
+         <model type='virtio'/>\n  <driver queues='{}'/>\n</interface>\n",
+        a.mac,
+        xml(socket),
+        a.queues
+    )
+}
+
+fn libvirt(a: &QemuArgsArgs, socket: &str, part: LibvirtPart) -> Result<String, QemuArgsError> {
+    match (part, a.attach) {
+        (LibvirtPart::Memory, _) => return Ok(MEMORY_BACKING.into()),
+        (LibvirtPart::Interface, Attach::Net) => return Ok(interface(a, socket)),
+        (LibvirtPart::Interface, Attach::Device) => return Err(QemuArgsError::NoInterface),
+        (LibvirtPart::All, _) => {}
+    }
+    let mut out = format!("<!-- In <domain>: guest memory the daemon can map. -->\n{MEMORY_BACKING}");
     match a.attach {
         Attach::Net => {
-            // libvirt's mode is QEMU's side: 'client' when the daemon listens.
-            let (mode, reconnect) = if a.client {
-                ("server", "")
-            } else {
-                ("client", "\n    <reconnect enabled='yes' timeout='1'/>\n  ")
-            };
-            let _ = write!(
-                out,
-                "<!-- In <devices>. -->\n<interface type='vhostuser'>\n  <mac address='{}'/>\n  \
-                 <source type='unix' path='{}' mode='{mode}'>{reconnect}</source>\n  \
-                 <model type='virtio'/>\n  <driver queues='{}'/>\n</interface>\n",
-                a.mac,
-                xml(socket),
-                a.queues
-            );
+            out.push_str("<!-- In <devices>. -->\n");
+            out.push_str(&interface(a, socket));
         }
         Attach::Device => {
             // libvirt has no element for QEMU's vhost-user test device (docs/libvirt.md).
@@ -137,7 +154,7 @@ fn libvirt(a: &QemuArgsArgs, socket: &str) -> String {
             out.push_str("</qemu:commandline>\n");
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -153,7 +170,7 @@ mod tests {
             mac: "52:54:00:d0:aa:01".parse().unwrap(),
             memory: "1G".into(),
             client: false,
-            libvirt: false,
+            libvirt: None,
         }
     }
 
@@ -183,7 +200,7 @@ mod tests {
     #[test]
     fn libvirt_pieces_escape_what_xml_reserves() {
         let mut a = args(Attach::Net);
-        a.libvirt = true;
+        a.libvirt = Some(LibvirtPart::All);
         a.socket = PathBuf::from("/run/o'neil&co.sock");
         let out = render(&a).unwrap();
         assert!(
@@ -195,6 +212,31 @@ mod tests {
         let out = render(&a).unwrap();
         assert!(out.contains("<qemu:arg value='-device'/>"), "{out}");
         assert!(!out.contains("-netdev"));
+    }
+
+    /// Each piece alone is what the whole holds of it: `virsh attach-device` takes the
+    /// interface as it is, `virsh edit` the memoryBacking.
+    #[test]
+    fn libvirt_pieces_alone() {
+        let mut a = args(Attach::Net);
+        a.libvirt = Some(LibvirtPart::All);
+        let all = render(&a).unwrap();
+        a.libvirt = Some(LibvirtPart::Interface);
+        let nic = render(&a).unwrap();
+        assert!(
+            nic.starts_with("<interface type='vhostuser'>") && nic.ends_with("</interface>\n"),
+            "{nic}"
+        );
+        a.libvirt = Some(LibvirtPart::Memory);
+        let mem = render(&a).unwrap();
+        assert!(
+            mem.starts_with("<memoryBacking>") && mem.ends_with("</memoryBacking>\n"),
+            "{mem}"
+        );
+        assert!(all.contains(&nic) && all.contains(&mem));
+        a.attach = Attach::Device;
+        a.libvirt = Some(LibvirtPart::Interface);
+        assert_eq!(render(&a), Err(QemuArgsError::NoInterface));
     }
 
     #[test]
