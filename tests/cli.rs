@@ -159,10 +159,16 @@ impl Drop for Daemon {
 }
 
 fn start(sock: &Path, ctl: &Path) -> Daemon {
+    start_with(sock, ctl, &[])
+}
+
+/// A daemon with guest ports `sock` and `sock` with extension `b`, and `extra` options.
+fn start_with(sock: &Path, ctl: &Path, extra: &[&str]) -> Daemon {
     let c = Command::new(BIN)
         .args(["--socket", sock.to_str().unwrap(), "--socket"])
         .arg(sock.with_extension("b"))
         .args(["--control", ctl.to_str().unwrap()])
+        .args(extra)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -967,19 +973,9 @@ fn ctl_announce_and_link_go_to_qemu_through_qmp() {
     let dir = tempfile::tempdir().unwrap();
     let (ctlp, qmp) = (dir.path().join("ctl"), dir.path().join("qmp.sock"));
     let seen = fake_qmp(std::os::unix::net::UnixListener::bind(&qmp).unwrap());
-    let c = Command::new(BIN)
-        .args(["--socket", dir.path().join("a.sock").to_str().unwrap()])
-        .args(["--socket", dir.path().join("b.sock").to_str().unwrap()])
-        // --snoop keeps port 1's address filter; --qmp still carries the commands.
-        .args(["--snoop", "--qmp", &format!("{},port=1", qmp.display())])
-        .args(["--control", ctlp.to_str().unwrap()])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _d = Daemon(c);
-    wait_until("control socket", || {
-        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
-    });
+    // --snoop keeps port 1's address filter; --qmp still carries the commands.
+    let qmp_opt = format!("{},port=1", qmp.display());
+    let _d = start_with(&dir.path().join("a.sock"), &ctlp, &["--snoop", "--qmp", &qmp_opt]);
     let next = |what: &str| loop {
         let cmd = seen.recv_timeout(Duration::from_secs(10)).unwrap();
         if cmd["execute"] == what {
