@@ -984,6 +984,13 @@ fn ctl_announce_and_link_go_to_qemu_through_qmp() {
     };
     // The follower's first query finds the NIC, the second (naming it) follows it.
     while next("query-rx-filter")["arguments"]["name"] != "nic0" {}
+    let (ok, v, _) = ctl(&ctlp, &["info"]);
+    assert!(ok);
+    assert_eq!(v["ports"][0]["qmp"], serde_json::Value::Null);
+    assert_eq!(
+        v["ports"][1]["qmp"],
+        serde_json::json!({"connected": true, "nic": "nic0"})
+    );
 
     let (ok, v, err) = ctl(&ctlp, &["announce", "1"]);
     assert!(ok, "{err}");

@@ -205,9 +205,17 @@ fn info(v: &Value) -> String {
         text(&v["version"]),
         command_line
     );
-    let mut t = table(&IDENTITY);
+    let header: Vec<&str> = IDENTITY.iter().copied().chain(["qmp"]).collect();
+    let mut t = table(&header);
     for p in v["ports"].as_array().into_iter().flatten() {
-        t.add_row(identity(p));
+        let q = &p["qmp"];
+        let qmp = match (q["connected"].as_bool(), q["nic"].as_str()) {
+            (None, _) => "-".to_string(),
+            (Some(true), Some(nic)) => format!("NIC {nic}"),
+            (Some(true), None) => "connected".into(),
+            (Some(false), _) => "not connected".into(),
+        };
+        t.add_row(identity(p).into_iter().chain([qmp]).collect::<Vec<_>>());
     }
     out.push_str(&t.to_string());
     out

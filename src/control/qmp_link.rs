@@ -74,6 +74,12 @@ impl QmpLink {
         lock(&self.inner).nic = Some(nic.to_string());
     }
 
+    /// Whether the follower is connected, and the NIC it follows once it knows it.
+    pub fn state(&self) -> (bool, Option<String>) {
+        let g = lock(&self.inner);
+        (g.conn.is_some(), g.nic.clone())
+    }
+
     /// The connection is gone: every waiting command gets `Lost`.
     pub fn detach(&self) {
         let mut g = lock(&self.inner);

@@ -87,6 +87,15 @@ pub struct PortInfo {
     pub name: String,
     pub connected: bool,
     pub attachment: Option<Attachment>,
+    /// `--qmp` on this port: whether it is connected to QEMU, and the NIC it follows
+    /// (`ctl announce` and `ctl link` go there); null without `--qmp`.
+    pub qmp: Option<QmpInfo>,
+}
+
+#[derive(Serialize)]
+pub struct QmpInfo {
+    pub connected: bool,
+    pub nic: Option<String>,
 }
 
 pub fn info(d: &Daemon) -> InfoView {
@@ -106,6 +115,10 @@ pub fn info(d: &Daemon) -> InfoView {
                     name: g.socket.display().to_string(),
                     connected: g.connected(),
                     attachment: g.attachment(),
+                    qmp: d.qmp.get(&g.id).map(|l| {
+                        let (connected, nic) = l.state();
+                        QmpInfo { connected, nic }
+                    }),
                 },
                 PortRef::Tap(t) => PortInfo {
                     id: t.id,
@@ -113,6 +126,7 @@ pub fn info(d: &Daemon) -> InfoView {
                     name: t.name.clone(),
                     connected: true,
                     attachment: None,
+                    qmp: None,
                 },
             })
             .collect(),
