@@ -13,6 +13,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use log::debug;
 use serde_json::{json, Value};
 use thiserror::Error;
 
@@ -64,7 +65,14 @@ pub struct QmpLink {
 impl QmpLink {
     /// Registers the follower's new connection (a clone of the one it reads); false if a
     /// stop was requested meanwhile, and the follower should not block on it.
+    ///
+    /// Writes on it give up after [`ANSWER_WAIT`]: a QEMU that stops reading cannot hold a
+    /// writer, and the lock it writes under, for longer (the option is the socket's, so it
+    /// holds for the follower's clone too).
     pub fn attach(&self, s: UnixStream, stop: &Stop) -> bool {
+        if let Err(e) = s.set_write_timeout(Some(ANSWER_WAIT)) {
+            debug!("QMP socket: no write timeout: {e}");
+        }
         lock(&self.inner).conn = Some(s);
         !stop.requested()
     }
@@ -208,6 +216,24 @@ mod tests {
         assert!(link.answer(id, Ok(json!({}))));
         caller.join().unwrap().unwrap();
         assert!(!link.answer(id, Ok(json!({}))), "an answer was taken twice");
+    }
+
+    /// A QEMU that reads nothing: a command's write gives up once the socket's buffer is
+    /// full, rather than holding the writer's lock for ever.
+    #[test]
+    fn a_qemu_that_does_not_read_cannot_hold_a_writer() {
+        let (link, _qemu) = linked();
+        let big = json!({ "execute": "x".repeat(64 * 1024) });
+        let t0 = std::time::Instant::now();
+        let mut failed = false;
+        for _ in 0..64 {
+            if link.send(&big).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "4 MiB went into a socket nobody reads");
+        assert!(t0.elapsed() < ANSWER_WAIT * 2, "{:?}", t0.elapsed());
     }
 
     #[test]
