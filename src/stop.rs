@@ -49,11 +49,10 @@ impl<S> Current<S> {
         *crate::sync::lock(&self.0) = None;
     }
 
-    /// Runs `f` on the registered connection, if any.
-    pub fn with(&self, f: impl FnOnce(&S)) {
-        if let Some(s) = crate::sync::lock(&self.0).as_ref() {
-            f(s);
-        }
+    /// Runs `f` on the registered connection, if any, under its lock (so calls from two
+    /// threads do not interleave); `None` when there is none.
+    pub fn with<R>(&self, f: impl FnOnce(&S) -> R) -> Option<R> {
+        crate::sync::lock(&self.0).as_ref().map(f)
     }
 }
 

@@ -17,7 +17,7 @@ use log::debug;
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::stop::Stop;
+use crate::stop::{Current, Stop};
 use crate::sync::lock;
 
 /// How long a control client waits for QEMU's answer.
@@ -46,10 +46,9 @@ pub enum LinkError {
 /// An answer as the follower read it: `return`'s value, or `error`'s text.
 pub type Answer = Result<Value, String>;
 
+/// What the control socket's commands share with the follower, besides the connection.
 #[derive(Default)]
-struct Inner {
-    /// The connection (written here by every thread; read by the follower alone).
-    conn: Option<UnixStream>,
+struct Commands {
     /// The NIC the follower found or was told (`nic=ID`).
     nic: Option<String>,
     next: u64,
@@ -59,7 +58,10 @@ struct Inner {
 /// One `--qmp` connection as other threads see it.
 #[derive(Default)]
 pub struct QmpLink {
-    inner: Mutex<Inner>,
+    /// The connection: written here by every thread, under its lock; read by the follower
+    /// alone.
+    conn: Current<UnixStream>,
+    commands: Mutex<Commands>,
 }
 
 impl QmpLink {
@@ -73,48 +75,44 @@ impl QmpLink {
         if let Err(e) = s.set_write_timeout(Some(ANSWER_WAIT)) {
             debug!("QMP socket: no write timeout: {e}");
         }
-        lock(&self.inner).conn = Some(s);
-        !stop.requested()
+        self.conn.set(s, stop)
     }
 
     /// The follower knows which NIC it follows.
     pub fn set_nic(&self, nic: &str) {
-        lock(&self.inner).nic = Some(nic.to_string());
+        lock(&self.commands).nic = Some(nic.to_string());
     }
 
     /// Whether the follower is connected, and the NIC it follows once it knows it.
     pub fn state(&self) -> (bool, Option<String>) {
-        let g = lock(&self.inner);
-        (g.conn.is_some(), g.nic.clone())
+        (self.conn.with(|_| ()).is_some(), lock(&self.commands).nic.clone())
     }
 
     /// The connection is gone: every waiting command gets `Lost`.
     pub fn detach(&self) {
-        let mut g = lock(&self.inner);
-        g.conn = None;
+        self.conn.clear();
+        let mut g = lock(&self.commands);
         g.nic = None;
         g.waiting.clear();
     }
 
     /// Wakes the follower from its read (daemon stop).
     pub fn shutdown(&self) {
-        if let Some(s) = lock(&self.inner).conn.as_ref() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
+        self.conn.with(|s| s.shutdown(Shutdown::Both));
     }
 
     /// Writes one line (the follower's own commands go through here too, so that two
     /// threads never interleave their bytes).
     pub fn send(&self, line: &Value) -> io::Result<()> {
-        let g = lock(&self.inner);
-        let mut s = g.conn.as_ref().ok_or(io::ErrorKind::NotConnected)?;
-        writeln!(s, "{line}")
+        self.conn
+            .with(|mut s: &UnixStream| writeln!(s, "{line}"))
+            .unwrap_or_else(|| Err(io::ErrorKind::NotConnected.into()))
     }
 
     /// Hands an answer with a numeric id to the thread that sent that command; false if
     /// nobody waits for it (it gave up, or QEMU made the id up).
     pub fn answer(&self, id: u64, answer: Answer) -> bool {
-        match lock(&self.inner).waiting.remove(&id) {
+        match lock(&self.commands).waiting.remove(&id) {
             Some(tx) => tx.try_send(answer).is_ok(),
             None => false,
         }
@@ -129,28 +127,31 @@ impl QmpLink {
         wait: Duration,
     ) -> Result<Value, LinkError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        let id = {
-            let mut g = lock(&self.inner);
-            let nic = match (&g.conn, &g.nic) {
-                (Some(_), Some(nic)) => nic.clone(),
-                _ => return Err(LinkError::NotConnected),
-            };
+        // Waiting before the line goes out: the follower may read the answer at once.
+        let (id, nic) = {
+            let mut g = lock(&self.commands);
+            let nic = g.nic.clone().ok_or(LinkError::NotConnected)?;
             if g.waiting.len() >= MAX_WAITING {
                 return Err(LinkError::Busy);
             }
             let id = g.next;
             g.next += 1;
-            let line = json!({ "execute": command, "arguments": args(&nic), "id": id });
-            let mut s = g.conn.as_ref().ok_or(LinkError::NotConnected)?;
-            writeln!(s, "{line}").map_err(LinkError::Io)?;
             g.waiting.insert(id, tx);
-            id
+            (id, nic)
         };
+        let line = json!({ "execute": command, "arguments": args(&nic), "id": id });
+        if let Err(e) = self.send(&line) {
+            lock(&self.commands).waiting.remove(&id);
+            return Err(match e.kind() {
+                io::ErrorKind::NotConnected => LinkError::NotConnected,
+                _ => LinkError::Io(e),
+            });
+        }
         match rx.recv_timeout(wait) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(LinkError::Refused(e)),
             Err(RecvTimeoutError::Timeout) => {
-                lock(&self.inner).waiting.remove(&id);
+                lock(&self.commands).waiting.remove(&id);
                 Err(LinkError::Timeout(wait))
             }
             Err(RecvTimeoutError::Disconnected) => Err(LinkError::Lost),
