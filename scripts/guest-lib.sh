@@ -228,9 +228,8 @@ PY
 # cannot run the guest kernel); cached for the run in VNIC_ACCEL. Under TCG, a guest with
 # more vCPUs than the host has CPUs runs them in one thread, round robin (thread=single):
 # with a thread per vCPU (MTTCG) the host preempts vCPUs half-way through the guest
-# kernel's cross-CPU code patching: in one CI run of per-vcpu.sh (4 vCPUs on 2 host CPUs)
-# the 7.3 kernel died at boot on an int3 left from a jump-label patch, before its driver
-# had touched the NIC (rare: 50 boots alone did not repeat it).
+# kernel's cross-CPU code patching (jump labels, int3 first), which the 7.3 kernel can die
+# on at boot; in one thread, round robin, every vCPU sees each change at once.
 accel_args() {
     local vcpus=${1:-1}
     case ${VNIC_ACCEL:-tcg} in

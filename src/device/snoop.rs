@@ -350,9 +350,9 @@ impl Snooper {
         }
         // Current-state records nobody here asked for: the guest announcing itself again
         // (VIRTIO_NET_S_ANNOUNCE makes Linux re-report every group, NETDEV_RESEND_IGMP, one
-        // report per group back to back), which its own queue may not hold whole:
-        // guest-tests/announce.sh saw 3 of 10 000 lost. An audit once they go quiet gets
-        // the whole state in a few packed answers.
+        // report per group back to back), which its own queue may not hold whole (counts
+        // in docs/performance.md). An audit once they go quiet gets the whole state in a
+        // few packed answers.
         let asked = matches!(self.audit, Audit::Open { .. })
             || [self.other_answers_until, self.audit_answers_until]
                 .into_iter()
