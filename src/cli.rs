@@ -284,6 +284,37 @@ pub enum CtlCommand {
     /// Takes a guest port's link down or brings it up, through QEMU (--qmp, net
     /// attachment): the guest's carrier follows, and nothing moves while it is down.
     Link { port: usize, state: LinkState },
+    /// Records a port's frames as pcapng, for tcpdump -r or Wireshark: what the port sent
+    /// (tx) and what the switch offered it (rx), taken or not. A frame the port's receive
+    /// filter or a checksum action dropped carries a comment saying why. Runs until the
+    /// count, the seconds, or an interrupt; prints what it saw on standard error.
+    Capture {
+        /// The port, by number (as ctl stats shows it).
+        port: usize,
+        /// The file to write, or - for standard output.
+        file: PathBuf,
+        /// rx: frames offered to the port (to the guest, or to the tap); tx: frames it
+        /// sent (from the guest, or read from the tap).
+        #[arg(long, value_enum, default_value_t = CaptureDirection::Both)]
+        direction: CaptureDirection,
+        /// Stop after this many frames.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        seconds: Option<f64>,
+        /// Bytes kept of each frame.
+        #[arg(long, value_name = "BYTES", default_value_t = 65535)]
+        snaplen: u32,
+    },
+}
+
+/// Which frames of a port `ctl capture` records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureDirection {
+    Rx,
+    Tx,
+    Both,
 }
 
 /// `ctl link`'s state.

@@ -323,7 +323,7 @@ fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
             f.extend_from_slice(&[0; 54]);
             let mut bufs = OutboxBuffers::default();
             let mut out = switch.outbox(&tally, &mut bufs);
-            if let Some(adm) = ports[port].admit(out.tally(), 0, &f) {
+            if let Ok(adm) = ports[port].admit(out.tally(), 0, &f) {
                 out.lend(port, 0, adm, Packet::new(VirtioNetHdr::default(), &mut f));
             }
             drop(out);
@@ -472,6 +472,16 @@ fn to_b(n: usize, body: Body) -> Vec<Sent> {
         .collect()
 }
 
+/// B promiscuous, no action, no router, no VLAN table; the ring broken after the frames.
+const PROMISC_PLAIN: Setup = Setup {
+    actions: 0,
+    router: false,
+    promisc: true,
+    guest_csum: false,
+    vlan: false,
+    broken_tail: true,
+};
+
 /// A ring the driver breaks after a batch of plain frames (a chain named past the ring's
 /// end, in the next batch): the frames already taken are delivered, by either path.
 #[test]
@@ -482,14 +492,7 @@ fn frames_taken_before_the_ring_breaks_are_delivered() {
             ..to_b(1, Body::Raw).remove(0)
         })
         .collect();
-    let setup = Setup {
-        actions: 0,
-        router: false,
-        promisc: true,
-        guest_csum: false,
-        vlan: false,
-        broken_tail: true,
-    };
+    let setup = PROMISC_PLAIN;
     let burst = run(Switch::new(3), &frames, setup);
     let general = run(Switch::new(3).general_only(), &frames, setup);
     assert_eq!(burst, general);
@@ -564,4 +567,29 @@ fn a_frame_an_ingress_action_drops_is_not_learned_from() {
     let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
     assert_eq!(burst, general);
     assert_eq!(burst.b_rx.len(), 3);
+}
+
+/// A capture armed on B sends every frame by the general path, where its hooks are: B gets
+/// what it gets without one, and the capture holds each frame B was offered, as B got it.
+#[test]
+fn a_capture_takes_frames_off_the_burst_path_and_sees_each() {
+    use dpaa_vnic::pipeline::capture::{Capture, Fate, Way, Ways};
+    let setup = Setup {
+        broken_tail: false,
+        ..PROMISC_PLAIN
+    };
+    let frames = to_b(40, Body::Udp4);
+    let cap = Arc::new(Capture::new(1, Ways::BOTH, 65535));
+    let mut rules = setup.rules();
+    assert!(rules.set_capture(1, Some(cap.clone())));
+    let captured = run(Switch::with_rules(rules), &frames, setup);
+    let general = run(Switch::with_rules(setup.rules()).general_only(), &frames, setup);
+    assert_eq!(captured, general);
+    assert_eq!(captured.b_rx.len(), frames.len());
+    let recs: Vec<_> = std::iter::from_fn(|| cap.next()).collect();
+    assert_eq!(recs.len(), frames.len());
+    for (r, (_, got)) in recs.iter().zip(&captured.b_rx) {
+        assert_eq!((r.way, r.fate), (Way::Offered, Fate::Passed));
+        assert_eq!(&r.data[..], &got[HDR..]);
+    }
 }

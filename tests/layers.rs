@@ -75,6 +75,7 @@ const ROWS: &[Row] = &[
             "ipnet",
             "serde",
             "vm_memory",
+            "crossbeam_queue",
         ],
     },
     Row {
@@ -133,6 +134,7 @@ const ROWS: &[Row] = &[
             "clap_mangen",
             "ipnet",
             "arc_swap",
+            "pcap_file",
         ],
     },
     Row {

@@ -38,9 +38,14 @@ struct Sink(Mutex<Vec<Vec<u8>>>);
 const BUG: [u8; 2] = [0xde, 0xad];
 
 impl Egress for Sink {
-    fn admit(&self, _tally: &Tally, _flow: usize, frame: &[u8]) -> Option<dpaa_vnic::pipeline::Admitted> {
+    fn admit(
+        &self,
+        _tally: &Tally,
+        _flow: usize,
+        frame: &[u8],
+    ) -> Result<dpaa_vnic::pipeline::Admitted, dpaa_vnic::pipeline::Refused> {
         assert!(frame.get(12..14) != Some(&BUG[..]), "a bug on the data path");
-        Some(Default::default())
+        Ok(Default::default())
     }
 
     fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {
@@ -125,7 +130,7 @@ fn rx_started(r: &Rig, g: &Guest, rxq: &MockSplitQueue<'_, GuestMemoryMmap>) -> 
 /// Queues `f` for port `to` in `out` as the switch does: if the port's filter admits it,
 /// lent to the outbox and written when the outbox is flushed or dropped.
 fn queue<'a>(out: &mut Outbox<'a>, to: &GuestPort, hdr: VirtioNetHdr, f: &'a mut [u8]) {
-    if let Some(adm) = to.admit(out.tally(), 0, f) {
+    if let Ok(adm) = to.admit(out.tally(), 0, f) {
         out.lend(to.id, 0, adm, Packet::new(hdr, f));
     }
 }
@@ -861,7 +866,7 @@ fn the_vlan_table_follows_the_driver() {
         f.splice(12..12, [0x81, 0x00, (vid >> 8) as u8, vid as u8]);
         f
     };
-    let admits = |f: &[u8]| r.port.admit(&r.tally, 0, f).is_some();
+    let admits = |f: &[u8]| r.port.admit(&r.tally, 0, f).is_ok();
     let refused = || r.port.stats()[0].rx_vlan_filtered;
     assert_eq!(r.port.vlans(), Some(vec![]), "acked CTRL_VLAN: no VLAN yet");
     assert!(admits(&tagged(100)), "a reset port is promiscuous");
@@ -893,7 +898,7 @@ fn without_ctrl_vlan_every_vlan_passes() {
     assert_eq!(send_ctrl(&g, &ctlq, 0, 0x12_0000, &[0, 0, 0]), 0); // PROMISC off
     let mut f = frame("52:54:00:d0:aa:01", 100);
     f.splice(12..12, [0x81, 0x00, 0x00, 200]);
-    assert!(r.port.admit(&r.tally, 0, &f).is_some());
+    assert!(r.port.admit(&r.tally, 0, &f).is_ok());
     assert_eq!(r.port.vlans(), None);
     assert_eq!(
         send_ctrl(&g, &ctlq, 1, 0x12_0000, &[2, 0, 100, 0]),

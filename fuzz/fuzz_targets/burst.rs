@@ -21,7 +21,8 @@ use dpaa_vnic::pipeline::router::{RouteCache, RouteTable, RouterIf, ROUTER_MAC};
 use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::switch::Run;
 use dpaa_vnic::pipeline::{
-    Admitted, BurstFrame, Egress, Ingress, OutboxBuffers, Packet, Plain, PortFrames, Switch,
+    Admitted, BurstFrame, Egress, Ingress, OutboxBuffers, Packet, Plain, PortFrames, Refused,
+    Switch,
 };
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
@@ -49,8 +50,8 @@ impl Recorder {
 }
 
 impl Egress for Recorder {
-    fn admit(&self, tally: &Tally, flow: usize, frame: &[u8]) -> Option<Admitted> {
-        self.takes(tally, flow, frame).then(Admitted::default)
+    fn admit(&self, tally: &Tally, flow: usize, frame: &[u8]) -> Result<Admitted, Refused> {
+        self.takes(tally, flow, frame).then(Admitted::default).ok_or(Refused::Address)
     }
 
     fn write(&self, _tally: &Tally, frames: &mut PortFrames<'_, '_>, _segment: &mut Vec<u8>) -> usize {

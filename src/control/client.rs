@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::capture::{self, CaptureAsk, CaptureError, Copied};
 use super::present;
-use crate::cli::{CtlArgs, CtlCommand, Format, LinkState};
+use crate::cli::{CaptureDirection, CtlArgs, CtlCommand, Format, LinkState};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -33,6 +34,14 @@ pub enum ClientError {
     Daemon(String),
     #[error("--interval {0}: a number of seconds of at least 0.1")]
     Interval(f64),
+    #[error("creating {path}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("capture")]
+    Capture(#[source] CaptureError),
 }
 
 /// Where a bare `--control` listens and `ctl` looks by default: $DPAA_VNIC_CONTROL, else
@@ -50,13 +59,24 @@ pub fn default_path() -> PathBuf {
 
 /// Sends one request and returns the daemon's answer; an `"error"` answer is an error.
 pub fn ask(path: &Path, cmd: &str, arg: Option<&str>) -> Result<serde_json::Value, ClientError> {
+    let req = serde_json::json!({ "cmd": cmd, "arg": arg });
+    let (v, _) = request(path, &req)?;
+    Ok(v)
+}
+
+/// Sends `req` and reads the answer line; returns it with the connection, whose reader
+/// may hold what the daemon sent after the line.
+fn request(
+    path: &Path,
+    req: &serde_json::Value,
+) -> Result<(serde_json::Value, BufReader<UnixStream>), ClientError> {
     let mut s = UnixStream::connect(path).map_err(|source| ClientError::Connect {
         path: path.to_path_buf(),
         source,
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(ClientError::Io)?;
-    let req = serde_json::json!({ "cmd": cmd, "arg": arg }).to_string() + "\n";
+    let req = req.to_string() + "\n";
     // A vhost-user socket may hang up before the whole request is written.
     if let Err(e) = s.write_all(req.as_bytes()) {
         return Err(match e.kind() {
@@ -67,7 +87,8 @@ pub fn ask(path: &Path, cmd: &str, arg: Option<&str>) -> Result<serde_json::Valu
         });
     }
     let mut line = String::new();
-    match BufReader::new(s).read_line(&mut line) {
+    let mut r = BufReader::new(s);
+    match r.read_line(&mut line) {
         Ok(0) => return Err(ClientError::NoAnswer(path.to_path_buf())),
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
@@ -82,7 +103,44 @@ pub fn ask(path: &Path, cmd: &str, arg: Option<&str>) -> Result<serde_json::Valu
     if let Some(err) = v.get("error").and_then(|e| e.as_str()) {
         return Err(ClientError::Daemon(err.to_string()));
     }
-    Ok(v)
+    Ok((v, r))
+}
+
+/// `ctl capture`: streams port `ask.port`'s frames into `file` (- for standard output)
+/// and says on standard error what went by.
+fn capture(path: &Path, ask: &CaptureAsk, file: &Path) -> Result<(), ClientError> {
+    let req = serde_json::json!({ "cmd": "capture", "capture": ask });
+    let (_, r) = request(path, &req)?;
+    // Frames may be far apart: the stream ends when the daemon says so.
+    r.get_ref().set_read_timeout(None).map_err(ClientError::Io)?;
+    let seen = if file == Path::new("-") {
+        capture::copy(r, io::stdout().lock())
+    } else {
+        let f = std::fs::File::create(file).map_err(|source| ClientError::Create {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        capture::copy(r, f)
+    }
+    .map_err(ClientError::Capture)?;
+    eprintln!("{}", summary(ask.port, &seen));
+    Ok(())
+}
+
+fn summary(port: usize, seen: &Copied) -> String {
+    let mut s = format!("port {port}: captured {} frames", seen.frames);
+    let dropped: u64 = seen.dropped.iter().map(|(_, n)| n).sum();
+    if dropped > 0 {
+        let why: Vec<String> = seen.dropped.iter().map(|(w, n)| format!("{n} {w}")).collect();
+        s += &format!(", {dropped} of them dropped ({})", why.join(", "));
+    }
+    if seen.false_positives > 0 {
+        s += &format!(", {} taken by a hash bucket false positive", seen.false_positives);
+    }
+    if seen.lost > 0 {
+        s += &format!("; {} more went by while the capture's ring was full", seen.lost);
+    }
+    s
 }
 
 /// Runs one `ctl` command and writes its output to `out`.
@@ -104,6 +162,24 @@ pub fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<(), ClientError> {
         CtlCommand::Announce { port } => {
             owned = port.map(|p| p.to_string()).unwrap_or_default();
             ("announce", port.map(|_| owned.as_str()))
+        }
+        CtlCommand::Capture {
+            port,
+            file,
+            direction,
+            count,
+            seconds,
+            snaplen,
+        } => {
+            let ask = CaptureAsk {
+                port: *port,
+                sent: *direction != CaptureDirection::Rx,
+                offered: *direction != CaptureDirection::Tx,
+                count: *count,
+                seconds: *seconds,
+                snaplen: *snaplen,
+            };
+            return capture(&path, &ask, file);
         }
         CtlCommand::Link { port, state } => {
             let word = if *state == LinkState::Up { "up" } else { "down" };

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bounded;
+pub mod capture;
 pub mod client;
 pub mod metrics;
 pub mod metrics_server;

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::bounded::{self, Framed, Limits, ReadError};
+use super::capture::{self, CaptureAsk, CaptureError};
 use super::qmp_link::{QmpLink, ANSWER_WAIT};
 use super::view::{self, Daemon, PortRef};
 use crate::pipeline::csum_action::CsumAction;
@@ -52,6 +53,9 @@ struct Request {
     /// The argument of commands that take one (an action or route spec).
     #[serde(default)]
     arg: Option<String>,
+    /// `capture`'s arguments.
+    #[serde(default)]
+    capture: Option<CaptureAsk>,
 }
 
 pub struct ControlServer {
@@ -248,6 +252,7 @@ pub fn answer(d: &Daemon, line: &str) -> String {
             "route-del" => edit_routes(d, false, r.arg.as_deref()),
             "announce" => answered(announce(d, r.arg.as_deref())),
             "link" => answered(link(d, r.arg.as_deref())),
+            "capture" => error("capture streams frames: send it as a connection's only request".into()),
             other => error(format!("unknown command {other:?}")),
         },
         Err(e) => Ok(serde_json::json!({ "error": format!("bad request: {e}") })),
@@ -275,6 +280,39 @@ fn error_line(msg: &str) -> String {
     out
 }
 
+/// The capture a request line asks for, if it is a `capture` request.
+fn capture_request(line: &str) -> Option<CaptureAsk> {
+    serde_json::from_str::<Request>(line)
+        .ok()
+        .filter(|r| r.cmd == "capture")
+        .and_then(|r| r.capture)
+}
+
+/// Serves `ctl capture` on the client's connection, which it then ends (a pcapng stream
+/// has no end a next answer could follow). Writes wait at most 5 s: a client that stops
+/// reading ends its capture, and the frames it missed are counted.
+fn serve_capture(d: &Daemon, ask: &CaptureAsk, w: &UnixStream) -> io::Result<()> {
+    w.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let name = d.ports.get(ask.port).map(PortRef::name).unwrap_or_default();
+    let head = |r: Result<(), &CaptureError>| {
+        let mut v = match r {
+            Ok(()) => {
+                serde_json::json!({ "capture": { "port": ask.port, "name": name, "snaplen": ask.snaplen } })
+            }
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        versioned(&mut v);
+        v.to_string() + "\n"
+    };
+    match capture::serve(&d.switch, ask, &name, head, w) {
+        Ok(n) => {
+            debug!("control client: captured {n} frames of port {}", ask.port);
+            Ok(())
+        }
+        Err(e) => Err(io::Error::other(e)),
+    }
+}
+
 fn serve_client(d: &Daemon, s: UnixStream, limits: Limits) -> io::Result<()> {
     let mut w = s.try_clone()?;
     w.set_write_timeout(Some(limits.request))?;
@@ -287,6 +325,9 @@ fn serve_client(d: &Daemon, s: UnixStream, limits: Limits) -> io::Result<()> {
                     Ok(text) if text.trim().is_empty() => continue,
                     Ok(text) => {
                         r.active();
+                        if let Some(ask) = capture_request(text) {
+                            return serve_capture(d, &ask, &w);
+                        }
                         answer(d, text.trim()) + "\n"
                     }
                     Err(e) => error_line(&format!("bad request: {e}")),

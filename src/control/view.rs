@@ -28,6 +28,16 @@ pub enum PortRef {
     Tap(Arc<TapPort>),
 }
 
+impl PortRef {
+    /// What the views call the port: a guest's socket path, the tap's name.
+    pub fn name(&self) -> String {
+        match self {
+            PortRef::Guest(g) => g.socket.display().to_string(),
+            PortRef::Tap(t) => t.name.clone(),
+        }
+    }
+}
+
 /// What the control socket can see and change.
 pub struct Daemon {
     pub ports: Vec<PortRef>,

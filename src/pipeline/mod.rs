@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod capture;
 pub mod csum_action;
 pub mod fdb;
 pub mod gso;
@@ -14,6 +15,6 @@ pub mod rules;
 pub mod source_lock;
 pub mod switch;
 
-pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames, RUN_FRAMES};
+pub use outbox::{Admitted, Egress, Frame, Outbox, OutboxBuffers, PortFrames, Refused, RUN_FRAMES};
 pub use packet::{BurstFrame, Packet};
 pub use switch::{Dest, Ingress, Plain, Switch};

@@ -39,13 +39,30 @@ const COPY_BYTES: usize = 256 * 1024;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Admitted(pub u8);
 
+impl Admitted {
+    /// What a guest port says of a frame its filter took through a hash bucket that holds
+    /// none of the guest's groups for it: a capture notes it.
+    pub const HASH_FALSE_POSITIVE: Admitted = Admitted(2);
+}
+
+/// Why a port refused a frame ([`Egress::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The receive filter has no entry, bucket or mode that takes the destination.
+    Address,
+    /// The VLAN table does not take the frame's tag.
+    Vlan,
+    /// A snooping port keeps other ports' IGMP and MLD reports from its guest.
+    Report,
+}
+
 /// A port the switch delivers to.
 pub trait Egress: Send + Sync {
-    /// Whether the port takes `frame`, which came in on queue `flow`: asked before the
-    /// frame is queued, so a refused frame is never copied. Refusals are counted here, in
-    /// `tally` (the sending worker's counters).
-    fn admit(&self, _tally: &Tally, _flow: usize, _frame: &[u8]) -> Option<Admitted> {
-        Some(Admitted::default())
+    /// Whether the port takes `frame`, which came in on queue `flow`, and if not why:
+    /// asked before the frame is queued, so a refused frame is never copied. Refusals are
+    /// counted here, in `tally` (the sending worker's counters).
+    fn admit(&self, _tally: &Tally, _flow: usize, _frame: &[u8]) -> Result<Admitted, Refused> {
+        Ok(Admitted::default())
     }
 
     /// Writes the frames queued for this port, in the order they were queued, counting in

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use super::capture::Capture;
 use super::csum_action::{ActionList, CsumAction, Dir};
 use super::router::{NextHop, Route, RouteTable, RouterIf};
 
@@ -62,6 +63,10 @@ pub struct Rules {
     /// `actions` split by port and direction, so a port without actions costs one
     /// bounds-checked index per packet.
     by_port: Vec<[ActionList; 2]>,
+    /// Each port's armed capture, if any (`ctl capture`).
+    captures: Vec<Option<Arc<Capture>>>,
+    /// Whether any port has one: frames then take the general path, where the hooks are.
+    capturing: bool,
 }
 
 /// What [`Rules::actions_for`] lends for a port it does not know.
@@ -78,6 +83,8 @@ impl Rules {
             router,
             generation: 1,
             by_port: vec![Default::default(); nports],
+            captures: vec![None; nports],
+            capturing: false,
         };
         r.index();
         r
@@ -108,6 +115,42 @@ impl Rules {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Port `port`'s armed capture.
+    #[inline]
+    pub fn capture(&self, port: usize) -> Option<&Capture> {
+        self.captures.get(port)?.as_deref()
+    }
+
+    /// Port `port`'s armed capture, after one test of [`Rules::capturing`]: what the
+    /// switch asks per frame.
+    #[inline]
+    pub fn capture_of(&self, port: usize) -> Option<&Capture> {
+        if self.capturing {
+            self.capture(port)
+        } else {
+            None
+        }
+    }
+
+    /// Whether any port is being captured.
+    #[inline]
+    pub fn capturing(&self) -> bool {
+        self.capturing
+    }
+
+    /// Arms `capture` on its port, or disarms the port's (`None`); false, having done
+    /// nothing, for a port there is not.
+    pub fn set_capture(&mut self, port: usize, capture: Option<Arc<Capture>>) -> bool {
+        match self.captures.get_mut(port) {
+            Some(slot) => {
+                *slot = capture;
+                self.capturing = self.captures.iter().any(Option::is_some);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 
+use super::capture::{Fate, Way};
 use super::csum_action::{apply, Dir};
 use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
-use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, RUN_FRAMES};
+use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, Refused, RUN_FRAMES};
 use super::packet::{BurstFrame, Packet};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
@@ -156,8 +157,17 @@ impl Switch {
     ) -> Forwarded {
         let src = from.port;
         let ingress = rules.actions_for(src, Dir::Ingress);
+        // A capture records the frame as sent: before the port's ingress actions.
+        let capture = rules.capture_of(src);
+        let sent = capture.and_then(|c| c.take(Way::Sent, pkt.frame));
         if !ingress.is_empty() && !apply(ingress, &mut pkt, from.stats()) {
+            if let (Some(c), Some(rec)) = (capture, sent) {
+                c.put(rec, Fate::IngressAction);
+            }
             return Forwarded::Dropped;
+        }
+        if let (Some(c), Some(rec)) = (capture, sent) {
+            c.put(rec, Fate::Passed);
         }
         let Ok(eth) = EthernetFrame::new_checked(&*pkt.frame) else {
             return Forwarded::Dropped;
@@ -315,7 +325,7 @@ impl Switch {
         }
         if let Step::Emit { port } = r.step {
             let mut pkt = Packet::new(VirtioNetHdr::default(), from.originated);
-            if let Some(adm) = self.admit(out, port, from.queue, &pkt) {
+            if let Some(adm) = self.admit(rules, out, port, from.queue, &pkt) {
                 self.queue_copy(rules, out, port, from.queue, adm, &mut pkt);
             }
             return Step::Done;
@@ -323,14 +333,35 @@ impl Switch {
         r.step
     }
 
-    /// Port `to`'s admission of `pkt`, if the port exists and takes it.
-    fn admit(&self, out: &Outbox<'_>, to: usize, flow: usize, pkt: &Packet<'_>) -> Option<Admitted> {
-        self.port(to)?.admit(out.tally(), flow, pkt.frame)
+    /// Port `to`'s admission of `pkt`, if the port exists and takes it; a port being
+    /// captured records a refusal and its reason.
+    fn admit(
+        &self,
+        rules: &Rules,
+        out: &Outbox<'_>,
+        to: usize,
+        flow: usize,
+        pkt: &Packet<'_>,
+    ) -> Option<Admitted> {
+        match self.port(to)?.admit(out.tally(), flow, pkt.frame) {
+            Ok(adm) => Some(adm),
+            Err(why) => {
+                if let Some(c) = rules.capture_of(to) {
+                    let fate = match why {
+                        Refused::Address => Fate::FilterAddress,
+                        Refused::Vlan => Fate::FilterVlan,
+                        Refused::Report => Fate::SnoopedReport,
+                    };
+                    c.record(Way::Offered, fate, pkt.frame);
+                }
+                None
+            }
+        }
     }
 
     /// Sends `pkt` to one port, which gets the frame itself.
     fn unicast<'a>(&self, rules: &Rules, out: &mut Outbox<'a>, to: usize, flow: usize, pkt: Packet<'a>) {
-        if let Some(adm) = self.admit(out, to, flow, &pkt) {
+        if let Some(adm) = self.admit(rules, out, to, flow, &pkt) {
             self.queue_lent(rules, out, to, flow, adm, pkt);
         }
     }
@@ -340,7 +371,7 @@ impl Switch {
     fn flood<'a>(&self, rules: &Rules, out: &mut Outbox<'a>, src: usize, flow: usize, mut pkt: Packet<'a>) {
         let mut pending: Option<(usize, Admitted)> = None;
         for to in (0..self.ports.len()).filter(|&i| i != src) {
-            let Some(adm) = self.admit(out, to, flow, &pkt) else {
+            let Some(adm) = self.admit(rules, out, to, flow, &pkt) else {
                 continue;
             };
             if let Some((before, adm)) = pending.replace((to, adm)) {
@@ -364,7 +395,11 @@ impl Switch {
     ) {
         let actions = rules.actions_for(to, Dir::Egress);
         // Counted on the egress port's queue, in the delivering worker's tally.
-        if actions.is_empty() || apply(actions, &mut pkt, out.tally().at(to, flow)) {
+        let kept = actions.is_empty() || apply(actions, &mut pkt, out.tally().at(to, flow));
+        if let Some(c) = rules.capture_of(to) {
+            c.record(Way::Offered, offered(adm, kept), pkt.frame);
+        }
+        if kept {
             out.lend(to, flow, adm, pkt);
         }
     }
@@ -386,9 +421,26 @@ impl Switch {
         if !actions.is_empty() {
             pkt.layers();
         }
+        let capture = rules.capture_of(to);
         out.copy(to, flow, adm, pkt, |copy| {
-            actions.is_empty() || apply(actions, copy, stats)
+            let kept = actions.is_empty() || apply(actions, copy, stats);
+            if let Some(c) = capture {
+                c.record(Way::Offered, offered(adm, kept), copy.frame);
+            }
+            kept
         });
+    }
+}
+
+/// What a capture of the receiving port says of a frame it admitted: whether its egress
+/// actions `kept` it, and whether a hash bucket took it by chance.
+fn offered(adm: Admitted, kept: bool) -> Fate {
+    if !kept {
+        Fate::EgressAction
+    } else if adm == Admitted::HASH_FALSE_POSITIVE {
+        Fate::HashFalsePositive
+    } else {
+        Fate::Passed
     }
 }
 
@@ -646,6 +698,73 @@ mod tests {
         assert_eq!(w.go(0, bad_iph_frame()), Forwarded::Flooded);
         assert_eq!(c.csum_updated.get(), 1);
         assert_eq!(counts(&sinks), vec![0, 2]);
+    }
+
+    #[test]
+    fn a_capture_sees_what_its_port_sent_and_was_offered_with_each_fate() {
+        use crate::pipeline::capture::{Capture, Fate, Way, Ways};
+        let sw = Switch::new(3);
+        sw.attach(1, Arc::new(crate::pipeline::capture::tests::UnicastOnly));
+        let sinks = plug(&sw);
+        let mut w = Worker::new(&sw);
+        let arm = |c: Option<Arc<Capture>>| {
+            sw.rules().update(|r| {
+                assert!(r.set_capture(1, c));
+                Ok::<_, ()>(())
+            })
+        };
+        // Not armed: nothing recorded, and rules say so.
+        assert!(!sw.rules().load().capturing());
+        let cap = Arc::new(Capture::new(1, Ways::BOTH, 64));
+        arm(Some(cap.clone())).unwrap();
+        assert!(sw.rules().load().capturing());
+        // Port 1 egress action that drops a lying IPv4 header.
+        sw.rules()
+            .update(|r| {
+                r.actions
+                    .push("port=1,dir=egress,update=iph+udp".parse().unwrap());
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        // Not IP: the action lets it be.
+        let raw = |dst, src| {
+            let mut f = frame(dst, src);
+            f.truncate(12);
+            f.extend_from_slice(&[0x88, 0xb5, 0]);
+            f
+        };
+        let uni = raw("02:00:00:00:00:01", "02:00:00:00:00:0a");
+        w.go(0, uni.clone());
+        w.go(1, raw("02:00:00:00:00:0a", "02:00:00:00:00:01"));
+        w.go(0, raw("01:00:5e:00:00:07", "02:00:00:00:00:0a"));
+        let mut lying = bad_iph_frame();
+        lying[16..18].copy_from_slice(&900u16.to_be_bytes());
+        // Unicast, not learned: flooded to port 1, whose filter takes it.
+        lying[..6].copy_from_slice(&[2, 0, 0, 0, 0, 0x33]);
+        w.go(2, lying);
+        // An unknown destination: flooded, port 1 among the rest.
+        w.go(0, raw("02:00:00:00:00:0b", "02:00:00:00:00:0a"));
+        let got: Vec<(Way, Fate, Vec<u8>)> = std::iter::from_fn(|| cap.next())
+            .map(|r| (r.way, r.fate, r.data))
+            .collect();
+        let kinds: Vec<(Way, Fate)> = got.iter().map(|g| (g.0, g.1)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (Way::Offered, Fate::Passed),
+                (Way::Sent, Fate::Passed),
+                (Way::Offered, Fate::FilterAddress),
+                (Way::Offered, Fate::EgressAction),
+                (Way::Offered, Fate::Passed),
+            ]
+        );
+        assert_eq!(got[0].2, uni);
+        // Disarmed: the switch no longer records (port 1 learned its address meanwhile).
+        arm(None).unwrap();
+        assert!(!sw.rules().load().capturing());
+        assert_eq!(w.go(0, uni), Forwarded::Unicast(1));
+        assert!(cap.next().is_none());
+        assert_eq!(counts(&sinks)[2], 3);
     }
 
     mod routing {

@@ -25,7 +25,7 @@ use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
 use crate::pipeline::csum_action::ActionList;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
-use crate::pipeline::{Admitted, BurstFrame, Egress, OutboxBuffers, Packet, PortFrames, Switch};
+use crate::pipeline::{Admitted, BurstFrame, Egress, OutboxBuffers, Packet, PortFrames, Refused, Switch};
 use crate::ports::poll::PollGroup;
 use crate::stats::{CtrlStats, QueueSnapshot, Tallies, Tally, TallyHandle};
 use crate::stop::{Current, Stop};
@@ -392,7 +392,7 @@ impl GuestPort {
             frame.clear();
             build(&mut frame);
             let mut out = switch.outbox(&self.query_tally, &mut bufs);
-            let Some(adm) = self.rx.admit(&self.health, &self.query_tally, 0, &frame) else {
+            let Ok(adm) = self.rx.admit(&self.health, &self.query_tally, 0, &frame) else {
                 return false;
             };
             out.lend(self.id, 0, adm, Packet::new(VirtioNetHdr::default(), &mut frame));
@@ -475,7 +475,7 @@ impl GuestPort {
 
 /// The switch's way into the guest: the filter admits, the receive side writes.
 impl Egress for GuestPort {
-    fn admit(&self, tally: &Tally, flow: usize, frame: &[u8]) -> Option<Admitted> {
+    fn admit(&self, tally: &Tally, flow: usize, frame: &[u8]) -> Result<Admitted, Refused> {
         self.rx.admit(&self.health, tally, flow, frame)
     }
 

@@ -26,7 +26,7 @@ use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};
 use crate::logging::error_chain;
 use crate::pipeline::csum_action::ActionList;
-use crate::pipeline::{gso, Admitted, BurstFrame, Frame, PortFrames};
+use crate::pipeline::{gso, Admitted, BurstFrame, Frame, PortFrames, Refused};
 use crate::stats::{QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
 use crate::wire::mcast_report;
@@ -65,7 +65,7 @@ fn admitted(v: Verdict) -> Admitted {
     Admitted(match v {
         Verdict::Reject | Verdict::Accept => 0,
         Verdict::Multicast => 1,
-        Verdict::FalsePositive => 2,
+        Verdict::FalsePositive => Admitted::HASH_FALSE_POSITIVE.0,
     })
 }
 
@@ -99,24 +99,34 @@ impl RxSide {
         tally: &Tally,
         flow: usize,
         frame: &[u8],
-    ) -> Option<Admitted> {
+    ) -> Result<Admitted, Refused> {
         if !self.regs.vlan_allows(frame) {
             tally.at(health.id, flow).rx_vlan_filtered.inc();
-            return None;
+            return Err(Refused::Vlan);
         }
         self.admit_address(health, tally, flow, frame)
     }
 
     /// [`RxSide::admit`] past the VLAN table: the address filter and the snooping rule.
     #[inline]
-    fn admit_address(&self, health: &Health, tally: &Tally, flow: usize, frame: &[u8]) -> Option<Admitted> {
+    fn admit_address(
+        &self,
+        health: &Health,
+        tally: &Tally,
+        flow: usize,
+        frame: &[u8],
+    ) -> Result<Admitted, Refused> {
         let dst = MacAddr::from_slice(frame).unwrap_or(MacAddr::BROADCAST);
         let verdict = self.regs.classify(&dst);
-        if verdict == Verdict::Reject || (self.snooping && mcast_report::is_report(frame)) {
-            tally.at(health.id, flow).rx_filtered.inc();
-            return None;
-        }
-        Some(admitted(verdict))
+        let refused = if verdict == Verdict::Reject {
+            Refused::Address
+        } else if self.snooping && mcast_report::is_report(frame) {
+            Refused::Report
+        } else {
+            return Ok(admitted(verdict));
+        };
+        tally.at(health.id, flow).rx_filtered.inc();
+        Err(refused)
     }
 
     /// Writes what an outbox holds for the port; returns the frames (or segments)
@@ -208,7 +218,7 @@ impl RxSide {
                     } else {
                         frame.head()
                     };
-                    let note = self.admit_address(health, tally, flow, seen);
+                    let note = self.admit_address(health, tally, flow, seen).ok();
                     last = dst.map(|d| (d, note));
                     note
                 }

@@ -201,7 +201,8 @@ impl TxWorker {
                 else {
                     continue;
                 };
-                let frame = if burst {
+                // A capture's hooks are on the general path (pipeline/capture.rs).
+                let frame = if burst && !rules.capturing() {
                     match plain_frame(tx, &rules, &mut from, stats, hdr, frame) {
                         Ok(Some((to, frame))) => {
                             run.push(tx.switch, &rules, &from, to, frame, &mut out);
