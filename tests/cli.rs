@@ -989,7 +989,7 @@ fn ctl_announce_and_link_go_to_qemu_through_qmp() {
     assert_eq!(v["ports"][0]["qmp"], serde_json::Value::Null);
     assert_eq!(
         v["ports"][1]["qmp"],
-        serde_json::json!({"connected": true, "nic": "nic0"})
+        serde_json::json!({"connected": true, "nic": "nic0", "errors": 0, "last_error": null})
     );
 
     let (ok, v, err) = ctl(&ctlp, &["announce", "1"]);
@@ -1021,4 +1021,55 @@ fn ctl_announce_and_link_go_to_qemu_through_qmp() {
     assert!(!ok && err.contains("port 7 does not exist (2 ports)"), "{err}");
     let (ok, _, err) = ctl(&ctlp, &["link", "1", "sideways"]);
     assert!(!ok && err.contains("invalid value 'sideways'"), "{err}");
+}
+
+/// A QEMU whose QMP monitor greets, then sends what is not JSON, each time the follower
+/// connects: every such connection is counted in `ctl info`, with the reason, and the
+/// follower keeps trying.
+#[test]
+fn a_qmp_monitor_that_sends_garbage_is_counted_and_shown() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (ctlp, qmp) = (dir.path().join("ctl"), dir.path().join("qmp.sock"));
+    let listener = std::os::unix::net::UnixListener::bind(&qmp).unwrap();
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = writeln!(
+                s,
+                "{}",
+                serde_json::json!({"QMP": {"version": {}, "capabilities": []}})
+            );
+            let _ = writeln!(s, "this is not JSON");
+            // Open until the follower hangs up, so that what it reads is the garbage.
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        }
+    });
+    let qmp_opt = format!("{},port=0", qmp.display());
+    let _d = start_with(&dir.path().join("a.sock"), &ctlp, &["--qmp", &qmp_opt]);
+    let t0 = Instant::now();
+    let q = loop {
+        let (ok, v, err) = ctl(&ctlp, &["info"]);
+        assert!(ok, "{err}");
+        let q = v["ports"][0]["qmp"].clone();
+        if q["errors"].as_u64() >= Some(2) || t0.elapsed() > Duration::from_secs(10) {
+            break q;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(q["errors"].as_u64() >= Some(2), "{q}");
+    assert_eq!(q["nic"], serde_json::Value::Null);
+    assert!(
+        q["last_error"].as_str().is_some_and(|e| e.contains("QMP JSON")),
+        "{q}"
+    );
+    // The table says it too.
+    let out = Command::new(BIN)
+        .args(["ctl", "--control"])
+        .arg(&ctlp)
+        .args(["--format", "table", "info"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("errors"), "{text}");
 }

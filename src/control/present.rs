@@ -209,12 +209,18 @@ fn info(v: &Value) -> String {
     let mut t = table(&header);
     for p in v["ports"].as_array().into_iter().flatten() {
         let q = &p["qmp"];
-        let qmp = match (q["connected"].as_bool(), q["nic"].as_str()) {
+        let mut qmp = match (q["connected"].as_bool(), q["nic"].as_str()) {
             (None, _) => "-".to_string(),
             (Some(true), Some(nic)) => format!("NIC {nic}"),
             (Some(true), None) => "connected".into(),
             (Some(false), _) => "not connected".into(),
         };
+        if let Some(n) = q["errors"].as_u64().filter(|n| *n > 0) {
+            qmp += &format!(", {n} errors");
+        }
+        if let (Some(false), Some(why)) = (q["connected"].as_bool(), q["last_error"].as_str()) {
+            qmp += &format!(": {why}");
+        }
         t.add_row(identity(p).into_iter().chain([qmp]).collect::<Vec<_>>());
     }
     out.push_str(&t.to_string());

@@ -287,6 +287,8 @@ pub fn spawn(f: Follower, stop: &Stop) -> io::Result<Stoppable> {
             while !stop.requested() {
                 if let Err(e) = follow(&f, &stop) {
                     let msg = crate::logging::error_chain(&e);
+                    f.link
+                        .note_failure(&msg, !matches!(e, QmpError::Io(_) | QmpError::Closed));
                     // Say it once per kind of failure, not every retry.
                     if msg != last_err {
                         match e {

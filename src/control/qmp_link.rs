@@ -53,6 +53,23 @@ struct Commands {
     nic: Option<String>,
     next: u64,
     waiting: HashMap<u64, SyncSender<Answer>>,
+    /// Connections that ended on something QEMU sent (not a connect that failed, nor a
+    /// QEMU that went away), and the last failure of any kind, for `ctl info`.
+    errors: u64,
+    last_error: Option<String>,
+}
+
+/// A `--qmp` connection's state as `ctl info` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkState {
+    pub connected: bool,
+    /// The NIC followed, once known.
+    pub nic: Option<String>,
+    /// Connections ended by what QEMU sent: an overlong line, bad JSON, an error answer,
+    /// no NIC to follow.
+    pub errors: u64,
+    /// The last failure, of any kind (QEMU not there yet included).
+    pub last_error: Option<String>,
 }
 
 /// One `--qmp` connection as other threads see it.
@@ -83,9 +100,24 @@ impl QmpLink {
         lock(&self.commands).nic = Some(nic.to_string());
     }
 
-    /// Whether the follower is connected, and the NIC it follows once it knows it.
-    pub fn state(&self) -> (bool, Option<String>) {
-        (self.conn.with(|_| ()).is_some(), lock(&self.commands).nic.clone())
+    /// Whether the follower is connected, the NIC it follows once it knows it, and what
+    /// went wrong.
+    pub fn state(&self) -> LinkState {
+        let connected = self.conn.with(|_| ()).is_some();
+        let g = lock(&self.commands);
+        LinkState {
+            connected,
+            nic: g.nic.clone(),
+            errors: g.errors,
+            last_error: g.last_error.clone(),
+        }
+    }
+
+    /// The follower's connection failed with `msg`; `by_qemu` if on something QEMU sent.
+    pub fn note_failure(&self, msg: &str, by_qemu: bool) {
+        let mut g = lock(&self.commands);
+        g.errors += u64::from(by_qemu);
+        g.last_error = Some(msg.to_string());
     }
 
     /// The connection is gone: every waiting command gets `Lost`.

@@ -106,6 +106,8 @@ pub struct PortInfo {
 pub struct QmpInfo {
     pub connected: bool,
     pub nic: Option<String>,
+    pub errors: u64,
+    pub last_error: Option<String>,
 }
 
 pub fn info(d: &Daemon) -> InfoView {
@@ -126,8 +128,13 @@ pub fn info(d: &Daemon) -> InfoView {
                     connected: g.connected(),
                     attachment: g.attachment(),
                     qmp: d.qmp.get(&g.id).map(|l| {
-                        let (connected, nic) = l.state();
-                        QmpInfo { connected, nic }
+                        let s = l.state();
+                        QmpInfo {
+                            connected: s.connected,
+                            nic: s.nic,
+                            errors: s.errors,
+                            last_error: s.last_error,
+                        }
                     }),
                 },
                 PortRef::Tap(t) => PortInfo {
