@@ -8,7 +8,9 @@
 #  1. No action: the host's stack drops every one (Ip InHdrErrors, Udp InCsumErrors).
 #  2. `ctl action add port=1,dir=egress,update=iph+udp` while the daemon runs: every
 #     datagram arrives, counted as csum_updated on the tap; frames whose IP total length
-#     lies are dropped by the action and counted as csum_failed, as act_csum would.
+#     lies are dropped by the action and counted as csum_failed, as act_csum would; the
+#     action's own counters (ctl action list) say the same: every lying frame dropped, the
+#     rest it matched passed.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
@@ -83,6 +85,15 @@ expect_eq "action: csum_updated on the tap" "$(daemon_counter d 1 csum_updated)"
 expect_eq "action: csum_failed (lying total length)" "$(daemon_counter d 1 csum_failed)" "$M"
 expect_eq "action: Ip InHdrErrors delta" "$(($(snmp "$ns" Ip InHdrErrors) - hdr1))" 0
 expect_eq "action: Udp InCsumErrors delta" "$(($(snmp "$ns" Udp InCsumErrors) - csum1))" 0
+# The action's own counts: the lying frames dropped, every other frame it matched passed
+# (the broken datagrams, and whatever IP the guest's stack sent meanwhile).
+read -r matched passed dropped < <(ctl d action list | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["counts"][0]
+print(c["matched"], c["passed"], c["dropped"])')
+expect_eq "action list: frames the action dropped" "$dropped" "$M"
+expect_ge "action list: frames it passed" "$passed" "$N"
+expect_eq "action list: matched = passed + dropped" "$matched" "$((passed + dropped))"
 # Frames the action dropped never reached the tap.
 expect_eq "guest tx = tap tx + dropped by the action" \
     "$(daemon_counter d 0 tx_packets)" "$(($(daemon_counter d 1 tx_packets) + M))"

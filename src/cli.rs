@@ -497,7 +497,7 @@ pub struct RunArgs {
     #[arg(help_heading = "Data path", long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
     pub tap_csum: String,
     /// Checksum action (tc act_csum semantics):
-    /// port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX].
+    /// port=N,dir=ingress|egress,update=iph+icmp+igmp+tcp+udp+udplite+sctp[,proto=P][,dst=PREFIX][,verdict=pass|drop].
     /// Ports are numbered in --socket order, the tap last. Repeat for several.
     #[arg(help_heading = "Data path", long = "csum-action", value_name = "SPEC")]
     pub csum_actions: Vec<CsumAction>,

@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod device;
+pub mod histogram;
 pub mod logging;
 pub mod pipeline;
 pub mod ports;

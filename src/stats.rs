@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use crate::histogram::Histogram;
+
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
@@ -149,12 +151,75 @@ queue_counters!(
     neigh_refused,
 );
 
+/// Checksum actions the daemon holds at most: each has a slot of its own among every
+/// tally's action counters (`pipeline::rules` assigns them).
+pub const ACTION_SLOTS: usize = 256;
+
+/// One checksum action's counts in one worker's tally: frames it matched, and of those the
+/// ones that went on and the ones it dropped (its `verdict=drop`, or a sum it could not
+/// write).
+#[derive(Debug, Default)]
+pub struct ActionStats {
+    pub matched: Counter,
+    pub passed: Counter,
+    pub dropped: Counter,
+}
+
+/// A checksum action's counts, summed over the workers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ActionSnapshot {
+    pub matched: u64,
+    pub passed: u64,
+    pub dropped: u64,
+}
+
+impl ActionStats {
+    fn snapshot(&self) -> ActionSnapshot {
+        ActionSnapshot {
+            matched: self.matched.get(),
+            passed: self.passed.get(),
+            dropped: self.dropped.get(),
+        }
+    }
+}
+
+impl std::ops::AddAssign for ActionSnapshot {
+    fn add_assign(&mut self, o: Self) {
+        self.matched += o.matched;
+        self.passed += o.passed;
+        self.dropped += o.dropped;
+    }
+}
+
+/// What checksum actions count on, for one port and queue: the queue's counters and the
+/// worker's per-action ones.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts<'a> {
+    pub queue: &'a QueueStats,
+    actions: &'a [ActionStats],
+}
+
+impl<'a> Counts<'a> {
+    /// Counts into `queue` and, by slot, into `actions`.
+    pub fn new(queue: &'a QueueStats, actions: &'a [ActionStats]) -> Self {
+        Counts { queue, actions }
+    }
+
+    /// The counters of the action in `slot`; none for an action no rules published.
+    #[inline]
+    pub fn action(&self, slot: u16) -> Option<&'a ActionStats> {
+        self.actions.get(usize::from(slot))
+    }
+}
+
 /// What one worker thread counts, for every port and queue: written by that thread only.
 #[derive(Debug)]
 pub struct Tally {
     queues: usize,
     /// One block per port and queue, then `stray`'s.
     blocks: Vec<QueueStats>,
+    /// One per action slot.
+    actions: Box<[ActionStats]>,
 }
 
 impl Tally {
@@ -165,6 +230,7 @@ impl Tally {
             blocks: (0..ports.max(1) * queues + 1)
                 .map(|_| QueueStats::default())
                 .collect(),
+            actions: (0..ACTION_SLOTS).map(|_| ActionStats::default()).collect(),
         }
     }
 
@@ -195,6 +261,12 @@ impl Tally {
             }
         }
     }
+
+    /// What checksum actions count on for `port`'s queue `queue`.
+    #[inline]
+    pub fn counts(&self, port: usize, queue: usize) -> Counts<'_> {
+        Counts::new(self.at(port, queue), &self.actions)
+    }
 }
 
 /// Every live worker's tally, for summing on read, and what ended workers counted.
@@ -210,6 +282,10 @@ struct Registry {
     live: Vec<Arc<Tally>>,
     /// The final counts of workers that ended, per (port, queue) block.
     retired: Vec<QueueSnapshot>,
+    /// The same per action slot, and each slot's sum when its action was added (what the
+    /// slot's earlier action counted).
+    retired_actions: Vec<ActionSnapshot>,
+    action_base: Vec<ActionSnapshot>,
 }
 
 /// A worker's registered tally. Dropped when the worker ends (with its connection, for a
@@ -243,6 +319,9 @@ impl Drop for TallyHandle {
         for (sum, block) in reg.retired.iter_mut().zip(&self.tally.blocks) {
             *sum += block.snapshot();
         }
+        for (sum, a) in reg.retired_actions.iter_mut().zip(self.tally.actions.iter()) {
+            *sum += a.snapshot();
+        }
     }
 }
 
@@ -255,6 +334,8 @@ impl Tallies {
             all: Mutex::new(Registry {
                 live: Vec::new(),
                 retired: vec![QueueSnapshot::default(); t.blocks.len()],
+                retired_actions: vec![ActionSnapshot::default(); ACTION_SLOTS],
+                action_base: vec![ActionSnapshot::default(); ACTION_SLOTS],
             }),
         })
     }
@@ -272,6 +353,44 @@ impl Tallies {
             tally: t,
             all: self.clone(),
         }
+    }
+
+    /// The action in `slot`'s counts since it was added ([`Tallies::restart_action`]).
+    pub fn action(&self, slot: u16) -> ActionSnapshot {
+        let reg = self.lock();
+        let now = Self::action_sum(&reg, slot);
+        let base = reg
+            .action_base
+            .get(usize::from(slot))
+            .copied()
+            .unwrap_or_default();
+        ActionSnapshot {
+            matched: now.matched.saturating_sub(base.matched),
+            passed: now.passed.saturating_sub(base.passed),
+            dropped: now.dropped.saturating_sub(base.dropped),
+        }
+    }
+
+    /// A new action takes `slot`: what the slot counted so far is its earlier action's.
+    /// Workers still forwarding with the rules of a moment ago may count a last batch of
+    /// the earlier action into the new one.
+    pub fn restart_action(&self, slot: u16) {
+        let mut reg = self.lock();
+        let now = Self::action_sum(&reg, slot);
+        if let Some(b) = reg.action_base.get_mut(usize::from(slot)) {
+            *b = now;
+        }
+    }
+
+    fn action_sum(reg: &Registry, slot: u16) -> ActionSnapshot {
+        let i = usize::from(slot);
+        let mut s = reg.retired_actions.get(i).copied().unwrap_or_default();
+        for t in &reg.live {
+            if let Some(a) = t.actions.get(i) {
+                s += a.snapshot();
+            }
+        }
+        s
     }
 
     /// Workers counting now.
@@ -397,124 +516,6 @@ pub struct CtrlStats {
     pub ctrl_answer: Histogram,
 }
 
-/// Sub-buckets per power of two: a quantile is read to within a quarter of its value.
-const SUB: usize = 4;
-/// Octaves kept: up to 2^40 ns (18 minutes); anything longer counts in the last bucket.
-const OCTAVES: usize = 40;
-
-/// A log-linear histogram of nanoseconds, written by one thread (the control thread) and
-/// read by any: one counter per bucket, no lock.
-#[derive(Debug)]
-pub struct Histogram {
-    buckets: Vec<Counter>,
-    /// Every value recorded, added up.
-    sum: Counter,
-}
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram {
-            buckets: (0..SUB * (OCTAVES + 1)).map(|_| Counter::default()).collect(),
-            sum: Counter::default(),
-        }
-    }
-}
-
-impl Histogram {
-    fn index(v: u64) -> usize {
-        if v < SUB as u64 {
-            return v as usize;
-        }
-        let octave = 63 - v.leading_zeros() as usize; // >= 2
-        let sub = ((v >> (octave - 2)) & (SUB as u64 - 1)) as usize;
-        (SUB * (octave - 1) + sub).min(SUB * (OCTAVES + 1) - 1)
-    }
-
-    /// The largest value bucket `i` holds.
-    fn upper(i: usize) -> u64 {
-        if i < SUB {
-            return i as u64;
-        }
-        let octave = i / SUB + 1;
-        let sub = (i % SUB) as u64;
-        ((SUB as u64 + sub + 1) << (octave - 2)) - 1
-    }
-
-    pub fn record(&self, ns: u64) {
-        self.buckets[Self::index(ns)].inc();
-        self.sum.add(ns);
-    }
-
-    /// Cumulative counts at the bounds `le_ns` (ascending), as a Prometheus histogram
-    /// exports them. A value is counted at the first bound at or above the top of its
-    /// bucket, so never below its own value and at most a quarter above it.
-    pub fn buckets(&self, le_ns: &'static [u64]) -> Buckets {
-        let counts: Vec<u64> = self.buckets.iter().map(Counter::get).collect();
-        let cumulative = le_ns
-            .iter()
-            .map(|&b| {
-                let within = counts.iter().enumerate().filter(|(i, _)| Self::upper(*i) <= b);
-                within.map(|(_, c)| c).sum()
-            })
-            .collect();
-        Buckets {
-            le_ns,
-            cumulative,
-            count: counts.iter().sum(),
-            sum_ns: self.sum.get(),
-        }
-    }
-
-    /// The value below which a fraction `q` of the recorded values lie, to within a quarter
-    /// (the upper end of its bucket); 0 with nothing recorded.
-    pub fn quantile(&self, q: f64) -> u64 {
-        let counts: Vec<u64> = self.buckets.iter().map(Counter::get).collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return 0;
-        }
-        let want = ((total as f64 * q).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
-        for (i, c) in counts.iter().enumerate() {
-            seen += c;
-            if seen >= want {
-                return Self::upper(i);
-            }
-        }
-        Self::upper(counts.len() - 1)
-    }
-}
-
-/// A [`Histogram`] read at fixed bounds ([`Histogram::buckets`]).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Buckets {
-    /// The bounds, in ns, ascending.
-    pub le_ns: &'static [u64],
-    /// Values at or below each bound.
-    pub cumulative: Vec<u64>,
-    /// Values recorded, and their sum.
-    pub count: u64,
-    pub sum_ns: u64,
-}
-
-/// Quantiles of a [`Histogram`], as `ctl stats` shows them.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Quantiles {
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub max_ns: u64,
-}
-
-impl Histogram {
-    pub fn quantiles(&self) -> Quantiles {
-        Quantiles {
-            p50_ns: self.quantile(0.5),
-            p99_ns: self.quantile(0.99),
-            max_ns: self.quantile(1.0),
-        }
-    }
-}
-
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CtrlSnapshot {
     pub ctrl_commands: u64,
@@ -568,28 +569,6 @@ impl CtrlStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histogram_quantiles_are_within_a_quarter() {
-        let h = Histogram::default();
-        assert_eq!(h.quantile(0.99), 0);
-        for v in 1..=1000u64 {
-            h.record(v * 1000);
-        }
-        for (q, exact) in [(0.5, 500_000u64), (0.99, 990_000), (1.0, 1_000_000)] {
-            let got = h.quantile(q);
-            assert!(
-                got >= exact && got <= exact + exact / 4,
-                "q {q}: {got} for {exact}"
-            );
-        }
-        // Every bucket's range starts where the one before ends.
-        for i in 1..SUB * (OCTAVES + 1) {
-            assert_eq!(Histogram::index(Histogram::upper(i - 1) + 1), i, "bucket {i}");
-        }
-        h.record(u64::MAX);
-        assert!(h.quantile(1.0) >= 1 << OCTAVES);
-    }
 
     #[test]
     fn snapshots_sum() {

@@ -221,7 +221,7 @@ fn sent() -> impl Strategy<Value = Vec<Sent>> {
 #[derive(Debug, Clone, Copy)]
 struct Setup {
     /// Egress checksum actions on B (bit 0) and on the sink (bit 1), an ingress one on A
-    /// (bit 2).
+    /// (bit 2), and on B's egress one that drops TCP (bit 3, `verdict=drop`).
     actions: u8,
     router: bool,
     promisc: bool,
@@ -234,16 +234,21 @@ struct Setup {
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (0u8..8, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(actions, router, promisc, guest_csum, vlan)| Setup {
+    (
+        0u8..16,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(actions, router, promisc, guest_csum, vlan)| Setup {
             actions,
             router,
             promisc,
             guest_csum,
             vlan,
             broken_tail: false,
-        },
-    )
+        })
 }
 
 impl Setup {
@@ -254,6 +259,7 @@ impl Setup {
             (1, "port=1,dir=egress,update=iph+udp"),
             (2, "port=2,dir=egress,update=iph+tcp"),
             (4, "port=0,dir=ingress,update=iph+udp"),
+            (8, "port=1,dir=egress,update=tcp,proto=tcp,verdict=drop"),
         ]
         .iter()
         .filter(|(bit, _)| self.actions & bit != 0)
@@ -279,7 +285,7 @@ struct Outcome {
     /// The same on A's RX ring: what the router answered.
     a_rx: Vec<(u32, Vec<u8>)>,
     sink: Vec<Vec<u8>>,
-    /// Every port's counters, queue by queue.
+    /// Every port's counters, queue by queue, then each action's.
     stats: String,
     /// B's frames refused by its VLAN table.
     b_vlan_filtered: u64,
@@ -350,9 +356,15 @@ fn run(switch: Switch, frames: &[Sent], setup: Setup) -> Outcome {
     a.kick[1].write(1).unwrap();
     wait_until("every TX chain returned", || used_idx(&a, txr) == n);
     let stats = || {
+        let rules = switch.rules().load();
         format!(
-            "{:?}",
-            (0..3).map(|p| switch.tallies().port(p)).collect::<Vec<_>>()
+            "{:?} {:?}",
+            (0..3).map(|p| switch.tallies().port(p)).collect::<Vec<_>>(),
+            rules
+                .actions()
+                .iter()
+                .map(|a| switch.tallies().action(a.slot))
+                .collect::<Vec<_>>()
         )
     };
     settle(|| {

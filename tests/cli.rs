@@ -414,6 +414,26 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
     assert!(!ok && err.contains("port 9 does not exist"), "{err}");
     let (ok, _, err) = ctl(&ctlp, &["action", "add", "port=0,dir=sideways,update=tcp"]);
     assert!(!ok && err.contains("bad dir"), "{err}");
+    // A drop verdict, listed with its counts (none yet: no traffic here).
+    let (ok, v, err) = ctl(
+        &ctlp,
+        &["action", "add", "port=0,dir=egress,update=udp,verdict=drop"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        v["counts"][2],
+        serde_json::json!({"action": "port=0,dir=egress,update=udp,verdict=drop", "matched": 0, "passed": 0, "dropped": 0})
+    );
+    let (ok, _, err) = ctl(
+        &ctlp,
+        &["action", "add", "port=0,dir=egress,update=udp,verdict=later"],
+    );
+    assert!(!ok && err.contains("bad verdict"), "{err}");
+    let (ok, _, _) = ctl(
+        &ctlp,
+        &["action", "del", "port=0,dir=egress,update=udp,verdict=drop"],
+    );
+    assert!(ok);
     let (ok, v, _) = ctl(&ctlp, &["action", "del", "port=0,dir=egress,update=iph+udp"]);
     assert!(ok);
     assert_eq!(

@@ -44,7 +44,13 @@ const ROWS: &[Row] = &[
     },
     Row {
         name: "shared",
-        prefixes: &["stats.rs", "stop.rs", "logging.rs", "unix_socket.rs"],
+        prefixes: &[
+            "stats.rs",
+            "histogram.rs",
+            "stop.rs",
+            "logging.rs",
+            "unix_socket.rs",
+        ],
         may_name: &["sync"],
         crates: &["serde", "env_logger", "libc", "nix", "socket2", "tempfile"],
     },

@@ -80,7 +80,7 @@ impl Egress for Recorder {
             }
             // As a guest port does (ports/vhost_user/rx.rs): the egress actions on each
             // frame the filter took.
-            if !actions.is_empty() && actions.apply_plain(f, tally.at(self.id, flow)).is_none() {
+            if !actions.is_empty() && actions.apply_plain(f, tally.counts(self.id, flow)).is_none() {
                 continue;
             }
             self.got.lock().unwrap().push(f.bytes().to_vec());
@@ -124,7 +124,7 @@ fn frame(i: usize, meta: u8, len: u8) -> Vec<u8> {
 
 /// The rules the first input byte asks for: bit N (0-2) an egress action on port N, bit 3
 /// the router on 198.18.0.0/24 (port 0) and 198.18.1.0/24 (port 1), bit 4 + N an ingress
-/// action on port N (0-2).
+/// action on port N (0-2), bit 7 an egress action on port 1 that drops TCP (`verdict=drop`).
 fn rules(pick: u8) -> Rules {
     let egress = (0..PORTS)
         .filter(|p| pick & (1 << p) != 0)
@@ -132,7 +132,9 @@ fn rules(pick: u8) -> Rules {
     let ingress = (0..PORTS)
         .filter(|p| pick & (1 << (4 + p)) != 0)
         .map(|p| format!("port={p},dir=ingress,update=iph+udp"));
-    let actions = egress.chain(ingress).map(|a| a.parse().unwrap()).collect();
+    let dropping = (pick & 0x80 != 0)
+        .then(|| "port=1,dir=egress,update=tcp,proto=tcp,verdict=drop".to_string());
+    let actions = egress.chain(ingress).chain(dropping).map(|a| a.parse().unwrap()).collect();
     let ifaces: Vec<RouterIf> = if pick & 8 != 0 {
         vec!["0=198.18.0.254/24".parse().unwrap(), "1=198.18.1.254/24".parse().unwrap()]
     } else {

@@ -14,7 +14,8 @@ use super::view::{self, FeaturesView, FilterView, StatsView};
 use super::view::{Daemon, PollThreadView, PortFilter, PortStats, SnoopView};
 use crate::device::features::Attachment;
 use crate::device::filter::regs::FilterStats;
-use crate::stats::{Buckets, ConnSnapshot, CtrlSnapshot, QueueSnapshot};
+use crate::histogram::Buckets;
+use crate::stats::{ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 
 /// A request head: its size, and how long a client has to send it whole.
 pub const HEAD_LIMITS: Limits = Limits {
@@ -616,7 +617,7 @@ mod tests {
                 },
                 ctrl_answer: Default::default(),
                 ctrl_answer_buckets: {
-                    let h = crate::stats::Histogram::default();
+                    let h = crate::histogram::Histogram::default();
                     for ns in [800, 3_000, 2_000_000] {
                         h.record(ns);
                     }

@@ -81,12 +81,26 @@ pub fn answer(cmd: &str, v: &Value) -> String {
         "stats" => stats(v),
         "filter" => filter(v),
         "info" => info(v),
-        "action-list" | "action-add" | "action-del" => list("action (in the order they run)", &v["actions"]),
+        "action-list" | "action-add" | "action-del" => actions(v),
         "route-list" | "route-add" | "route-del" => routes(v),
         "announce" => format!("announced on port(s) {}", join_values(&v["announced"])),
         "link" => format!("port {}: link {}", v["port"], v["link"].as_str().unwrap_or("?")),
         _ => serde_json::to_string_pretty(v).unwrap_or_default(),
     }
+}
+
+/// The actions in the order they run, each with its counts (an older daemon's answer has
+/// the list alone).
+fn actions(v: &Value) -> String {
+    let Some(counts) = v["counts"].as_array() else {
+        return list("action (in the order they run)", &v["actions"]);
+    };
+    let mut t = table(&["action (in the order they run)", "matched", "passed", "dropped"]);
+    for c in counts {
+        let n = |k: &str| c[k].as_u64().unwrap_or(0).to_string();
+        t.add_row(vec![text(&c["action"]), n("matched"), n("passed"), n("dropped")]);
+    }
+    t.to_string()
 }
 
 /// An array's items, comma-separated.

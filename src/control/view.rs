@@ -14,11 +14,12 @@ use crate::device::filter::regs::FilterStats;
 use crate::device::rx_state::MacList;
 use crate::device::snoop::{SnoopCounters, RECORD_KINDS};
 use crate::device::RxMode;
+use crate::histogram::{Buckets, Quantiles};
 use crate::pipeline::Switch;
 use crate::ports::poll::{PollGroup, PollThreadSnapshot};
 use crate::ports::tap::TapPort;
 use crate::ports::vhost_user::GuestPort;
-use crate::stats::{Buckets, ConnSnapshot, CtrlSnapshot, Quantiles, QueueSnapshot};
+use crate::stats::{ActionSnapshot, ConnSnapshot, CtrlSnapshot, QueueSnapshot};
 use crate::wire::MacAddr;
 
 /// A port as the control socket sees it.
@@ -466,16 +467,29 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
 pub struct ActionsView {
     /// The checksum actions in the order they run, each as `--csum-action` takes it.
     pub actions: Vec<String>,
+    /// The same, each with what it counted since it was added, over every queue.
+    pub counts: Vec<ActionCounts>,
+}
+
+#[derive(Serialize)]
+pub struct ActionCounts {
+    pub action: String,
+    #[serde(flatten)]
+    pub counts: ActionSnapshot,
 }
 
 pub fn actions(switch: &Switch) -> ActionsView {
+    let rules = switch.rules().load();
+    let tallies = switch.tallies();
     ActionsView {
-        actions: switch
-            .rules()
-            .load()
+        actions: rules.actions().iter().map(ToString::to_string).collect(),
+        counts: rules
             .actions()
             .iter()
-            .map(ToString::to_string)
+            .map(|a| ActionCounts {
+                action: a.to_string(),
+                counts: tallies.action(a.slot),
+            })
             .collect(),
     }
 }

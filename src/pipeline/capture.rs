@@ -229,7 +229,7 @@ impl Capture {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::pipeline::{Admitted, Egress, PortFrames, Refused};
+    use crate::pipeline::outbox::{Admitted, Egress, PortFrames, Refused};
     use crate::stats::Tally;
     use crate::wire::MacAddr;
 

@@ -6,13 +6,14 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 
 use super::capture::Capture;
-use super::csum_action::{ActionList, CsumAction, Dir};
+use super::csum_action::{ActionList, CsumAction, Dir, NO_SLOT};
 use super::router::{NextHop, Route, RouteTable, RouterIf};
+use crate::stats::{Tallies, ACTION_SLOTS};
 
 /// Checksum actions the daemon holds at most. Each is matched in turn on its port and
 /// direction, and every edit copies the whole set (read-copy-update): a cap keeps both
 /// bounded whatever the command line or `ctl` asks.
-pub const MAX_ACTIONS: usize = 256;
+pub const MAX_ACTIONS: usize = ACTION_SLOTS;
 
 /// Static routes the daemon holds at most (looked up by prefix length, not in turn; each
 /// edit still copies the table).
@@ -67,6 +68,8 @@ pub struct Rules {
     captures: Vec<Option<Arc<Capture>>>,
     /// Whether any port has one: frames then take the general path, where the hooks are.
     capturing: bool,
+    /// Action slots given out by the last [`Rules::index`]: their counts start again.
+    fresh: Vec<u16>,
 }
 
 /// What [`Rules::actions_for`] lends for a port it does not know.
@@ -85,6 +88,7 @@ impl Rules {
             by_port: vec![Default::default(); nports],
             captures: vec![None; nports],
             capturing: false,
+            fresh: Vec::new(),
         };
         r.index();
         r
@@ -92,6 +96,7 @@ impl Rules {
 
     fn index(&mut self) {
         self.router.reindex();
+        self.give_slots();
         let mut split: Vec<[Vec<CsumAction>; 2]> = vec![Default::default(); self.by_port.len()];
         for a in &self.actions {
             if let Some(slot) = split.get_mut(a.port) {
@@ -99,6 +104,24 @@ impl Rules {
             }
         }
         self.by_port = split.into_iter().map(|dirs| dirs.map(ActionList::new)).collect();
+    }
+
+    /// Gives each action without a counting slot the lowest free one (at most
+    /// [`MAX_ACTIONS`] actions, so there is always one), noting it in `fresh`.
+    fn give_slots(&mut self) {
+        let mut used = [0u64; ACTION_SLOTS / 64];
+        for a in self.actions.iter().filter(|a| a.slot != NO_SLOT) {
+            used[usize::from(a.slot) / 64] |= 1 << (a.slot % 64);
+        }
+        self.fresh.clear();
+        for a in self.actions.iter_mut().filter(|a| a.slot == NO_SLOT) {
+            let free = (0..ACTION_SLOTS).find(|&s| used[s / 64] & (1 << (s % 64)) == 0);
+            let Some(s) = free else { break };
+            used[s / 64] |= 1 << (s % 64);
+            // Below ACTION_SLOTS, which fits in a u16.
+            a.slot = s as u16;
+            self.fresh.push(a.slot);
+        }
     }
 
     pub fn actions(&self) -> &[CsumAction] {
@@ -160,6 +183,8 @@ impl Rules {
 pub struct LiveRules {
     current: ArcSwap<Rules>,
     writer: Mutex<()>,
+    /// Where the actions are counted: an action added takes a slot whose counts restart.
+    tallies: Option<Arc<Tallies>>,
 }
 
 impl LiveRules {
@@ -167,6 +192,15 @@ impl LiveRules {
         LiveRules {
             current: ArcSwap::from_pointee(rules),
             writer: Mutex::new(()),
+            tallies: None,
+        }
+    }
+
+    /// The same, the actions counted in `tallies`.
+    pub fn counted(rules: Rules, tallies: Arc<Tallies>) -> Self {
+        LiveRules {
+            tallies: Some(tallies),
+            ..Self::new(rules)
         }
     }
 
@@ -185,6 +219,11 @@ impl LiveRules {
         edit(&mut next)?;
         next.generation += 1;
         next.index();
+        if let Some(t) = &self.tallies {
+            for &slot in &next.fresh {
+                t.restart_action(slot);
+            }
+        }
         self.current.store(Arc::new(next));
         Ok(())
     }
@@ -193,6 +232,48 @@ impl LiveRules {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each action takes the lowest free counting slot; one deleted frees its slot, and
+    /// the action added next counts from zero there, whatever the slot counted before.
+    #[test]
+    fn actions_take_free_slots_and_a_new_one_counts_from_zero() {
+        let act = |s: &str| s.parse::<CsumAction>().unwrap();
+        let (udp, tcp, iph) = (
+            act("port=0,dir=egress,update=udp"),
+            act("port=1,dir=egress,update=tcp"),
+            act("port=1,dir=ingress,update=iph"),
+        );
+        let tallies = Tallies::new(2, 1);
+        let live = LiveRules::counted(Rules::new(2, vec![udp.clone(), tcp.clone()]), tallies.clone());
+        let slots = |live: &LiveRules| live.load().actions().iter().map(|a| a.slot).collect::<Vec<_>>();
+        assert_eq!(slots(&live), [0, 1]);
+        let worker = tallies.register();
+        for _ in 0..5 {
+            worker.counts(0, 0).action(0).unwrap().matched.inc();
+        }
+        worker.counts(1, 0).action(1).unwrap().passed.inc();
+        assert_eq!(tallies.action(0).matched, 5);
+        let edit = |f: &dyn Fn(&mut Vec<CsumAction>)| {
+            live.update(|r| {
+                f(&mut r.actions);
+                Ok::<_, ()>(())
+            })
+            .unwrap()
+        };
+        edit(&|a| a.retain(|x| *x != udp));
+        edit(&|a| a.push(iph.clone()));
+        assert_eq!(slots(&live), [1, 0]);
+        assert_eq!(
+            tallies.action(0),
+            Default::default(),
+            "the new action starts at zero"
+        );
+        assert_eq!(tallies.action(1).passed, 1, "the one kept keeps its counts");
+        // A worker that ends leaves its counts in the totals.
+        worker.counts(1, 0).action(0).unwrap().matched.inc();
+        drop(worker);
+        assert_eq!(tallies.action(0).matched, 1);
+    }
 
     #[test]
     fn index_and_live_update() {

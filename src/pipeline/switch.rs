@@ -14,7 +14,7 @@ use super::packet::{BurstFrame, Packet};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
 use super::router::{self, RouteCache, Step};
 use super::rules::{LiveRules, Rules};
-use crate::stats::{QueueStats, Tallies, Tally};
+use crate::stats::{Counts, QueueStats, Tallies, Tally};
 use crate::wire::{ethernet, EthernetFrame, MacAddr, VirtioNetHdr};
 
 /// The worker a frame enters through: its port, its queue, and what that worker owns (its
@@ -34,6 +34,11 @@ impl Ingress<'_> {
     /// The counters of the queue the frame came in on.
     pub fn stats(&self) -> &QueueStats {
         self.tally.at(self.port, self.queue)
+    }
+
+    /// What the port's ingress actions count on.
+    pub fn counts(&self) -> Counts<'_> {
+        self.tally.counts(self.port, self.queue)
     }
 }
 
@@ -69,12 +74,13 @@ impl Switch {
 
     /// A switch whose ports have `queues` queues each (counters are kept per queue).
     pub fn with_queues(rules: Rules, queues: usize) -> Self {
+        let tallies = Tallies::new(rules.nports(), queues);
         Switch {
             ports: Ports::new(rules.nports()),
             fdb: Fdb::new(rules.nports(), DEFAULT_PORT_LIMIT),
             neigh: Neighbours::new(rules.nports(), DEFAULT_NEIGH_LIMIT),
-            tallies: Tallies::new(rules.nports(), queues),
-            rules: LiveRules::new(rules),
+            rules: LiveRules::counted(rules, tallies.clone()),
+            tallies,
             burst: true,
         }
     }
@@ -160,7 +166,7 @@ impl Switch {
         // A capture records the frame as sent: before the port's ingress actions.
         let capture = rules.capture_of(src);
         let sent = capture.and_then(|c| c.take(Way::Sent, pkt.frame));
-        if !ingress.is_empty() && !apply(ingress, &mut pkt, from.stats()) {
+        if !ingress.is_empty() && !apply(ingress, &mut pkt, from.counts()) {
             if let (Some(c), Some(rec)) = (capture, sent) {
                 c.put(rec, Fate::IngressAction);
             }
@@ -252,7 +258,7 @@ impl Switch {
         if !ingress.is_empty() {
             let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
             // A frame an ingress action drops is not learned from (`forward`).
-            if !apply(ingress, &mut pkt, from.stats()) {
+            if !apply(ingress, &mut pkt, from.counts()) {
                 return Some(Plain::Dropped);
             }
             flags = pkt.hdr.flags;
@@ -395,7 +401,7 @@ impl Switch {
     ) {
         let actions = rules.actions_for(to, Dir::Egress);
         // Counted on the egress port's queue, in the delivering worker's tally.
-        let kept = actions.is_empty() || apply(actions, &mut pkt, out.tally().at(to, flow));
+        let kept = actions.is_empty() || apply(actions, &mut pkt, out.tally().counts(to, flow));
         if let Some(c) = rules.capture_of(to) {
             c.record(Way::Offered, offered(adm, kept), pkt.frame);
         }
@@ -416,14 +422,14 @@ impl Switch {
         pkt: &mut Packet<'_>,
     ) {
         let actions = rules.actions_for(to, Dir::Egress);
-        let stats = out.tally().at(to, flow);
+        let counts = out.tally().counts(to, flow);
         // The layers is found once, for every copy and the frame itself.
         if !actions.is_empty() {
             pkt.layers();
         }
         let capture = rules.capture_of(to);
         out.copy(to, flow, adm, pkt, |copy| {
-            let kept = actions.is_empty() || apply(actions, copy, stats);
+            let kept = actions.is_empty() || apply(actions, copy, counts);
             if let Some(c) = capture {
                 c.record(Way::Offered, offered(adm, kept), copy.frame);
             }

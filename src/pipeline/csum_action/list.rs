@@ -5,9 +5,9 @@ use std::ops::Deref;
 
 use super::plain;
 use super::run::apply;
-use super::spec::{CsumAction, Targets};
+use super::spec::{CsumAction, Targets, Verdict};
 use crate::pipeline::packet::{BurstFrame, Packet};
-use crate::stats::QueueStats;
+use crate::stats::Counts;
 use crate::wire::virtio_net_hdr::F_DATA_VALID;
 use crate::wire::VirtioNetHdr;
 
@@ -15,7 +15,7 @@ use crate::wire::VirtioNetHdr;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActionList {
     actions: Vec<CsumAction>,
-    /// When every action matches every frame (no `proto`, no `dst`), the union of their
+    /// When every action matches every frame (no `proto`, no `dst`) and passes it, the union of their
     /// targets: on a frame the one pass takes, running them in turn writes what one action
     /// with all their targets writes. An IPv4 header's checksum covers no upper layer, an
     /// upper layer's pseudo-header holds no IP checksum, and each sum written again comes
@@ -34,29 +34,35 @@ impl ActionList {
         let every_frame = actions
             .iter()
             .try_fold(Targets::default(), |all, a| {
-                (a.proto.is_none() && a.dst.is_none()).then_some(all | a.update)
+                let every = a.proto.is_none() && a.dst.is_none() && a.verdict == Verdict::Pass;
+                every.then_some(all | a.update)
             })
             .filter(|_| !actions.is_empty());
         ActionList { actions, every_frame }
     }
 
     /// Runs the list on a frame whose header asks for nothing (the burst path's), counted
-    /// on `stats` as [`apply`] counts: the header flags it leaves (DATA_VALID once an upper
-    /// layer's sum was computed), `None` if the frame drops. The common frame of a list
-    /// that matches every frame takes one pass, with no [`Packet`] and no match, and its
-    /// rest is fetched only if that pass sums the payload (plain.rs).
+    /// in `counts` as [`apply`] counts: the header flags it leaves (DATA_VALID once an
+    /// upper layer's sum was computed), `None` if the frame drops. The common frame of a
+    /// list that matches and passes every frame takes one pass, with no [`Packet`] and no
+    /// match, and its rest is fetched only if that pass sums the payload (plain.rs).
     #[inline]
-    pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, stats: &QueueStats) -> Option<u8> {
+    pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, counts: Counts<'_>) -> Option<u8> {
         if let Some(targets) = self.every_frame {
             if let Some(done) = plain::update(frame, targets, 0) {
                 if done.wrote {
-                    stats.csum_updated.inc();
+                    counts.queue.csum_updated.inc();
+                }
+                // Each action matched the frame and passed it.
+                for c in self.actions.iter().filter_map(|a| counts.action(a.slot)) {
+                    c.matched.inc();
+                    c.passed.inc();
                 }
                 return Some(if done.l4_complete { F_DATA_VALID } else { 0 });
             }
         }
         let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
-        apply(&self.actions, &mut pkt, stats).then_some(pkt.hdr.flags)
+        apply(&self.actions, &mut pkt, counts).then_some(pkt.hdr.flags)
     }
 }
 
@@ -71,7 +77,8 @@ impl Deref for ActionList {
 mod tests {
     use super::*;
     use crate::pipeline::csum_action::spec::Dir;
-    use crate::pipeline::csum_action::test_frames::{act, any_frame};
+    use crate::pipeline::csum_action::test_frames::{act, action_slots, any_frame};
+    use crate::stats::{ActionStats, QueueStats};
     use proptest::prelude::*;
 
     fn list(specs: &[&str]) -> ActionList {
@@ -111,19 +118,28 @@ mod tests {
                     update: Targets(t),
                     proto,
                     dst: None,
+                    verdict: Verdict::Pass,
+                    slot: 0,
                 })
+                .enumerate()
+                .map(|(i, a)| CsumAction { slot: i as u16, ..a })
                 .collect();
             let l = ActionList::new(actions);
             let (quick_stats, slow_stats) = (QueueStats::default(), QueueStats::default());
+            let (quick_acts, slow_acts) = (action_slots(l.len()), action_slots(l.len()));
             let mut quick = f.clone();
-            let flags = l.apply_plain(&mut BurstFrame::new(&mut quick), &quick_stats);
+            let flags = l.apply_plain(&mut BurstFrame::new(&mut quick), Counts::new(&quick_stats, &quick_acts));
             let mut slow = f.clone();
             let mut pkt = Packet::new(VirtioNetHdr::default(), &mut slow);
-            let kept = apply(&l, &mut pkt, &slow_stats);
+            let kept = apply(&l, &mut pkt, Counts::new(&slow_stats, &slow_acts));
             prop_assert_eq!(flags, kept.then_some(pkt.hdr.flags));
             prop_assert_eq!(quick, slow);
             prop_assert_eq!(quick_stats.csum_updated.get(), slow_stats.csum_updated.get());
             prop_assert_eq!(quick_stats.csum_failed.get(), slow_stats.csum_failed.get());
+            let counted = |a: &[ActionStats]| -> Vec<(u64, u64, u64)> {
+                a.iter().map(|c| (c.matched.get(), c.passed.get(), c.dropped.get())).collect()
+            };
+            prop_assert_eq!(counted(&quick_acts), counted(&slow_acts));
         }
     }
 }

@@ -15,5 +15,5 @@ mod update;
 
 pub use self::list::ActionList;
 pub use self::run::{apply, run, ActionVerdict};
-pub use self::spec::{ActionParseError, CsumAction, Dir, Targets};
+pub use self::spec::{ActionParseError, CsumAction, Dir, Targets, Verdict, NO_SLOT};
 pub use self::update::{update, update_by, CsumFail, Done};

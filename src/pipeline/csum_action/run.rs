@@ -4,10 +4,10 @@
 use log::trace;
 
 use super::plain;
-use super::spec::CsumAction;
+use super::spec::{CsumAction, Verdict};
 use super::update::{update_by, CsumFail};
 use crate::pipeline::packet::{BurstFrame, Packet};
-use crate::stats::QueueStats;
+use crate::stats::Counts;
 use crate::wire::virtio_net_hdr::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN};
 
 /// The result of a port's action list on one frame.
@@ -16,7 +16,10 @@ pub enum ActionVerdict {
     /// No action matched, or none had anything to write.
     Untouched,
     Updated,
+    /// A sum could not be written: the frame's headers cannot be trusted.
     Drop,
+    /// An action with `verdict=drop` matched (its sums written first, as tc's would be).
+    Dropped,
 }
 
 /// Runs `actions` (already those of one port and direction) in order on a frame. A frame
@@ -26,10 +29,23 @@ pub enum ActionVerdict {
 /// The frame is parsed at most once, by the first action that needs its layers; the rest
 /// reuse them (the sums they write move no layer).
 pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Option<CsumFail>) {
+    run_in(actions, pkt, None)
+}
+
+/// [`run`], each action's work counted in its slot of `counts` if given.
+fn run_in(
+    actions: &[CsumAction],
+    pkt: &mut Packet<'_>,
+    counts: Option<Counts<'_>>,
+) -> (ActionVerdict, Option<CsumFail>) {
     let mut verdict = ActionVerdict::Untouched;
     for a in actions {
         if !a.matches(pkt) {
             continue;
+        }
+        let own = counts.and_then(|c| c.action(a.slot));
+        if let Some(c) = own {
+            c.matched.inc();
         }
         // The common frame in one pass; anything else, or anything that would fail, through
         // its parsed layers (plain.rs says which frames that is).
@@ -51,16 +67,25 @@ pub fn run(actions: &[CsumAction], pkt: &mut Packet<'_>) -> (ActionVerdict, Opti
                     verdict = ActionVerdict::Updated;
                 }
             }
-            Err(e) => return (ActionVerdict::Drop, Some(e)),
+            Err(e) => {
+                own.inspect(|c| c.dropped.inc());
+                return (ActionVerdict::Drop, Some(e));
+            }
         }
+        if a.verdict == Verdict::Drop {
+            own.inspect(|c| c.dropped.inc());
+            return (ActionVerdict::Dropped, None);
+        }
+        own.inspect(|c| c.passed.inc());
     }
     (verdict, None)
 }
 
-/// [`run`], counted on `stats` (the queue of the port the actions belong to): false if the
-/// frame drops.
-pub fn apply(actions: &[CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -> bool {
-    match run(actions, pkt) {
+/// [`run`], counted in `counts` (the queue of the port the actions belong to, and each
+/// action's slot): false if the frame drops.
+pub fn apply(actions: &[CsumAction], pkt: &mut Packet<'_>, counts: Counts<'_>) -> bool {
+    let stats = counts.queue;
+    match run_in(actions, pkt, Some(counts)) {
         (ActionVerdict::Untouched, _) => true,
         (ActionVerdict::Updated, _) => {
             stats.csum_updated.inc();
@@ -69,6 +94,11 @@ pub fn apply(actions: &[CsumAction], pkt: &mut Packet<'_>, stats: &QueueStats) -
         (ActionVerdict::Drop, why) => {
             stats.csum_failed.inc();
             trace!("checksum action drops a frame: {why:?}");
+            false
+        }
+        // Counted in the action's own slot: the frame was what the action asks to drop.
+        (ActionVerdict::Dropped, _) => {
+            trace!("checksum action with verdict=drop drops a frame");
             false
         }
     }
@@ -91,6 +121,51 @@ mod tests {
 
     fn run_one(spec: &str, f: &mut [u8]) -> (ActionVerdict, Option<CsumFail>) {
         run(&[act(spec)], &mut Packet::new(VirtioNetHdr::default(), f))
+    }
+
+    /// `verdict=drop` drops what it matches, after writing its sums as tc's csum does
+    /// before its control action; each action counts what it matched, passed and dropped
+    /// in its own slot, and an action that does not match counts nothing.
+    #[test]
+    fn a_drop_verdict_drops_what_it_matches_and_each_action_counts_its_own() {
+        use crate::pipeline::csum_action::test_frames::action_slots;
+        use crate::stats::{Counts, QueueStats};
+        let slots = action_slots(3);
+        let queue = QueueStats::default();
+        let at = |spec: &str, slot: u16| CsumAction { slot, ..act(spec) };
+        let actions = [
+            at("port=0,dir=egress,update=iph,proto=tcp", 0),
+            at("port=0,dir=egress,update=iph", 1),
+            at("port=0,dir=egress,update=udp,proto=udp,verdict=drop", 2),
+        ];
+        let frame = eth(ETHERTYPE_IPV4, &ipv4(&[], PROTO_UDP, 0, &udp(b"hello", 0xdead)));
+        for _ in 0..3 {
+            let mut f = frame.clone();
+            let mut pkt = Packet::new(VirtioNetHdr::default(), &mut f);
+            assert!(!apply(&actions, &mut pkt, Counts::new(&queue, &slots)));
+            assert_eq!(be16(&f, 14 + 20 + 6), 0x83d7, "the UDP sum was written first");
+        }
+        let counted: Vec<(u64, u64, u64)> = slots
+            .iter()
+            .map(|c| (c.matched.get(), c.passed.get(), c.dropped.get()))
+            .collect();
+        assert_eq!(counted, [(0, 0, 0), (3, 3, 0), (3, 0, 3)]);
+        // Not a failure: the frame's headers were fine.
+        assert_eq!(queue.csum_failed.get(), 0);
+        // A frame whose sum cannot be written is dropped by the action that tried, counted
+        // there and as a failure.
+        let mut short = frame.clone();
+        short[14] = 0x44;
+        let mut pkt = Packet::new(VirtioNetHdr::default(), &mut short);
+        assert!(!apply(&actions[1..2], &mut pkt, Counts::new(&queue, &slots)));
+        assert_eq!((slots[1].matched.get(), slots[1].dropped.get()), (4, 1));
+        assert_eq!(queue.csum_failed.get(), 1);
+        // Uncounted, the same verdicts.
+        let mut f = frame.clone();
+        assert_eq!(
+            run(&actions, &mut Packet::new(VirtioNetHdr::default(), &mut f)).0,
+            ActionVerdict::Dropped
+        );
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl fmt::Display for Dir {
 pub enum ActionParseError {
     #[error("expected key=value, got {0:?}")]
     NotKeyValue(String),
-    #[error("unknown key {0:?} (expected port, dir, update, proto, dst)")]
+    #[error("unknown key {0:?} (expected port, dir, update, proto, dst, verdict)")]
     UnknownKey(String),
     #[error("missing {0}=")]
     Missing(&'static str),
@@ -99,6 +99,8 @@ pub enum ActionParseError {
     },
     #[error("bad dir {0:?} (expected ingress or egress)")]
     Dir(String),
+    #[error("bad verdict {0:?} (expected pass or drop)")]
+    Verdict(String),
     #[error("unknown checksum target {0:?} (expected iph, icmp, igmp, tcp, udp, udplite, sctp)")]
     Target(String),
     #[error("bad protocol {text:?} (a number 0-255 or tcp, udp, udplite, icmp, icmpv6, igmp, sctp)")]
@@ -146,20 +148,54 @@ fn parse_proto(s: &str) -> Result<u8, ActionParseError> {
     })
 }
 
-/// One `--csum-action`: `port=N,dir=ingress|egress,update=T[+T...][,proto=P][,dst=PREFIX]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What becomes of a frame an action matched and updated (tc's control action after
+/// `csum`: `pass`, the default, or `drop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verdict {
+    #[default]
+    Pass,
+    Drop,
+}
+
+/// An action no rules have published yet: counted nowhere.
+pub const NO_SLOT: u16 = u16::MAX;
+
+/// One `--csum-action`:
+/// `port=N,dir=ingress|egress,update=T[+T...][,proto=P][,dst=PREFIX][,verdict=pass|drop]`.
+#[derive(Debug, Clone)]
 pub struct CsumAction {
     pub port: usize,
     pub dir: Dir,
     pub update: Targets,
     pub proto: Option<u8>,
     pub dst: Option<IpNet>,
+    pub verdict: Verdict,
+    /// Where the workers count it (`stats::ACTION_SLOTS`), given when the rules holding it
+    /// are published ([`NO_SLOT`] before): not part of what the action is.
+    pub slot: u16,
 }
+
+/// Two actions are the same when they say the same, wherever they are counted.
+impl PartialEq for CsumAction {
+    fn eq(&self, o: &Self) -> bool {
+        (
+            self.port,
+            self.dir,
+            self.update,
+            self.proto,
+            self.dst,
+            self.verdict,
+        ) == (o.port, o.dir, o.update, o.proto, o.dst, o.verdict)
+    }
+}
+
+impl Eq for CsumAction {}
 
 impl FromStr for CsumAction {
     type Err = ActionParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (mut port, mut dir, mut update, mut proto, mut dst) = (None, None, None, None, None);
+        let mut verdict = Verdict::Pass;
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -186,6 +222,13 @@ impl FromStr for CsumAction {
                         source,
                     })?)
                 }
+                "verdict" => {
+                    verdict = match v {
+                        "pass" => Verdict::Pass,
+                        "drop" => Verdict::Drop,
+                        _ => return Err(ActionParseError::Verdict(v.into())),
+                    }
+                }
                 _ => return Err(ActionParseError::UnknownKey(k.into())),
             }
         }
@@ -195,6 +238,8 @@ impl FromStr for CsumAction {
             update: update.ok_or(ActionParseError::Missing("update"))?,
             proto,
             dst,
+            verdict,
+            slot: NO_SLOT,
         })
     }
 }
@@ -207,6 +252,9 @@ impl fmt::Display for CsumAction {
         }
         if let Some(d) = self.dst {
             write!(f, ",dst={d}")?;
+        }
+        if self.verdict == Verdict::Drop {
+            f.write_str(",verdict=drop")?;
         }
         Ok(())
     }
@@ -241,6 +289,22 @@ mod tests {
             "port=2,dir=ingress,update=iph+tcp+sctp,proto=6,dst=192.168.0.0/16"
         );
         assert_eq!(a.to_string().parse::<CsumAction>().unwrap(), a);
+        let d = act("port=0,dir=egress,update=udp,verdict=drop");
+        assert_eq!(d.verdict, Verdict::Drop);
+        assert_eq!(d.to_string(), "port=0,dir=egress,update=udp,verdict=drop");
+        assert_eq!(
+            act("port=0,dir=egress,update=udp,verdict=pass").to_string(),
+            "port=0,dir=egress,update=udp"
+        );
+        // Where it is counted is not what it is.
+        assert_eq!(CsumAction { slot: 3, ..d.clone() }, d);
+        assert_ne!(
+            CsumAction {
+                verdict: Verdict::Pass,
+                ..d.clone()
+            },
+            d
+        );
         for (bad, want) in [
             ("port=0,dir=egress", "missing update="),
             ("port=x,dir=egress,update=udp", "bad port"),
@@ -255,6 +319,7 @@ mod tests {
                 "bad destination prefix",
             ),
             ("port=0,dir=egress,update=udp,colour=red", "unknown key"),
+            ("port=0,dir=egress,update=udp,verdict=maybe", "bad verdict"),
             ("port", "expected key=value"),
         ] {
             let e = bad.parse::<CsumAction>().unwrap_err().to_string();

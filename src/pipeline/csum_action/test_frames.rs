@@ -92,3 +92,8 @@ pub fn any_frame() -> impl Strategy<Value = (Vec<u8>, bool)> {
         (f, spoiled)
     })
 }
+
+/// Per-action counters for `n` slots, as a worker's tally holds them.
+pub fn action_slots(n: usize) -> Vec<crate::stats::ActionStats> {
+    (0..n).map(|_| Default::default()).collect()
+}

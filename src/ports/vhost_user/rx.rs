@@ -229,7 +229,7 @@ impl RxSide {
             let mut flags = 0;
             if !actions.is_empty() {
                 contained.set(true);
-                let acted = actions.apply_plain(frame, flow_stats);
+                let acted = actions.apply_plain(frame, tally.counts(health.id, flow));
                 contained.set(false);
                 let Some(f) = acted else {
                     return;

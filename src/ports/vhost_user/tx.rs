@@ -193,6 +193,7 @@ impl TxWorker {
             if let Some(before) = last_rules.take().filter(|r| !Arc::ptr_eq(r, &rules)) {
                 run.write(tx.switch, &before, &from, &mut out);
             }
+            let plain = burst && !rules.capturing(); // a capture's hooks: general path only
             let mut taken = 0;
             for slot in batch.iter() {
                 spent.chains += 1;
@@ -201,8 +202,7 @@ impl TxWorker {
                 else {
                     continue;
                 };
-                // A capture's hooks are on the general path (pipeline/capture.rs).
-                let frame = if burst && !rules.capturing() {
+                let frame = if plain {
                     match plain_frame(tx, &rules, &mut from, stats, hdr, frame) {
                         Ok(Some((to, frame))) => {
                             run.push(tx.switch, &rules, &from, to, frame, &mut out);
