@@ -3,8 +3,10 @@
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # rustup installs cargo here (scripts/provision does when the system has none recent enough),
-# and a login shell may not have it on PATH yet.
-[[ -x $HOME/.cargo/bin/cargo && :$PATH: != *:$HOME/.cargo/bin:* ]] && PATH=$HOME/.cargo/bin:$PATH
+# and a login shell may not have it on PATH yet. First on PATH even before it exists: a
+# script that provisions and then builds (scripts/run, scripts/test) finds the cargo just
+# installed, ahead of a distribution's older one.
+[[ :$PATH: != *:$HOME/.cargo/bin:* ]] && PATH=$HOME/.cargo/bin:$PATH
 
 # The running script, wherever it later cd's to.
 SCRIPT_PATH=$(realpath "$0")

@@ -37,6 +37,8 @@ impl Slots {
     }
 
     /// A place for one more connection, or `None` when all are taken.
+    // Rust 1.99 deprecates fetch_update for try_update, which the minimum (1.82) lacks.
+    #[allow(deprecated)]
     pub fn take(self: &Arc<Self>) -> Option<Slot> {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -100,6 +100,8 @@ impl Fdb {
     }
 
     /// Takes one of `port`'s places, unless it holds its limit already.
+    // Rust 1.99 deprecates fetch_update for try_update, which the minimum (1.82) lacks.
+    #[allow(deprecated)]
     fn take(&self, port: usize) -> bool {
         let Some(h) = self.held.get(port) else {
             return false;
@@ -111,6 +113,8 @@ impl Fdb {
     }
 
     /// Gives back the place of the entry `e` (port + 1 in its low bits).
+    // Rust 1.99 deprecates fetch_update for try_update, which the minimum (1.82) lacks.
+    #[allow(deprecated)]
     fn give_back(&self, e: u64) {
         if let Some(h) = self.held.get(((e & 0xffff) as usize).wrapping_sub(1)) {
             let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

@@ -88,6 +88,8 @@ impl CtrlGate {
     }
 
     /// Whether the command being served is one posted before DRIVER_OK (counting it off).
+    // Rust 1.99 deprecates fetch_update for try_update, which the minimum (1.82) lacks.
+    #[allow(deprecated)]
     fn take_early(&self) -> bool {
         self.early
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
