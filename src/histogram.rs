@@ -2,24 +2,9 @@
 //! lock: the control queue's latencies (`stats::CtrlStats`), as `ctl stats` shows their
 //! quantiles and `/metrics` their buckets.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde::Serialize;
 
-/// One writer: load and store, no locked read-modify-write (as `stats::Counter`).
-#[derive(Debug, Default)]
-struct Cell(AtomicU64);
-
-impl Cell {
-    fn add(&self, n: u64) {
-        self.0
-            .store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-    }
-
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+use crate::counter::Counter;
 
 /// Sub-buckets per power of two: a quantile is read to within a quarter of its value.
 const SUB: usize = 4;
@@ -30,16 +15,16 @@ const OCTAVES: usize = 40;
 /// read by any: one counter per bucket, no lock.
 #[derive(Debug)]
 pub struct Histogram {
-    buckets: Vec<Cell>,
+    buckets: Vec<Counter>,
     /// Every value recorded, added up.
-    sum: Cell,
+    sum: Counter,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
         Histogram {
-            buckets: (0..SUB * (OCTAVES + 1)).map(|_| Cell::default()).collect(),
-            sum: Cell::default(),
+            buckets: (0..SUB * (OCTAVES + 1)).map(|_| Counter::default()).collect(),
+            sum: Counter::default(),
         }
     }
 }
@@ -65,7 +50,7 @@ impl Histogram {
     }
 
     pub fn record(&self, ns: u64) {
-        self.buckets[Self::index(ns)].add(1);
+        self.buckets[Self::index(ns)].inc();
         self.sum.add(ns);
     }
 
@@ -73,7 +58,7 @@ impl Histogram {
     /// exports them. A value is counted at the first bound at or above the top of its
     /// bucket, so never below its own value and at most a quarter above it.
     pub fn buckets(&self, le_ns: &'static [u64]) -> Buckets {
-        let counts: Vec<u64> = self.buckets.iter().map(Cell::get).collect();
+        let counts: Vec<u64> = self.buckets.iter().map(Counter::get).collect();
         let cumulative = le_ns
             .iter()
             .map(|&b| {
@@ -92,7 +77,7 @@ impl Histogram {
     /// The value below which a fraction `q` of the recorded values lie, to within a quarter
     /// (the upper end of its bucket); 0 with nothing recorded.
     pub fn quantile(&self, q: f64) -> u64 {
-        let counts: Vec<u64> = self.buckets.iter().map(Cell::get).collect();
+        let counts: Vec<u64> = self.buckets.iter().map(Counter::get).collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return 0;

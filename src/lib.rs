@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod counter;
 pub mod daemon;
 pub mod device;
 pub mod histogram;

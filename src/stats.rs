@@ -10,29 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+pub use crate::counter::Counter;
 use crate::histogram::Histogram;
-
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Single writer (the tally's owner): load and store, no locked read-modify-write.
-    /// Readers on other threads see each value whole, possibly a moment late.
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0
-            .store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-    }
-
-    #[inline]
-    pub fn inc(&self) {
-        self.add(1);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 macro_rules! queue_counters {
     ($($(#[doc = $doc:literal])+ $name:ident),* $(,)?) => {

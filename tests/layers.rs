@@ -46,6 +46,7 @@ const ROWS: &[Row] = &[
         name: "shared",
         prefixes: &[
             "stats.rs",
+            "counter.rs",
             "histogram.rs",
             "stop.rs",
             "logging.rs",
