@@ -68,8 +68,6 @@ pub struct Rules {
     captures: Vec<Option<Arc<Capture>>>,
     /// Whether any port has one: frames then take the general path, where the hooks are.
     capturing: bool,
-    /// Action slots given out by the last [`Rules::index`]: their counts start again.
-    fresh: Vec<u16>,
 }
 
 /// What [`Rules::actions_for`] lends for a port it does not know.
@@ -88,15 +86,16 @@ impl Rules {
             by_port: vec![Default::default(); nports],
             captures: vec![None; nports],
             capturing: false,
-            fresh: Vec::new(),
         };
         r.index();
         r
     }
 
-    fn index(&mut self) {
+    /// Indexes the snapshot for the workers; returns the action slots it gave out, whose
+    /// counts start again.
+    fn index(&mut self) -> Vec<u16> {
         self.router.reindex();
-        self.give_slots();
+        let fresh = self.give_slots();
         let mut split: Vec<[Vec<CsumAction>; 2]> = vec![Default::default(); self.by_port.len()];
         for a in &self.actions {
             if let Some(slot) = split.get_mut(a.port) {
@@ -104,24 +103,29 @@ impl Rules {
             }
         }
         self.by_port = split.into_iter().map(|dirs| dirs.map(ActionList::new)).collect();
+        fresh
     }
 
     /// Gives each action without a counting slot the lowest free one (at most
-    /// [`MAX_ACTIONS`] actions, so there is always one), noting it in `fresh`.
-    fn give_slots(&mut self) {
-        let mut used = [0u64; ACTION_SLOTS / 64];
-        for a in self.actions.iter().filter(|a| a.slot != NO_SLOT) {
-            used[usize::from(a.slot) / 64] |= 1 << (a.slot % 64);
+    /// [`MAX_ACTIONS`] actions, so there is always one); returns the slots given.
+    fn give_slots(&mut self) -> Vec<u16> {
+        let mut used = [false; ACTION_SLOTS];
+        for a in &self.actions {
+            if let Some(u) = used.get_mut(usize::from(a.slot)) {
+                *u = true;
+            }
         }
-        self.fresh.clear();
+        let mut fresh = Vec::new();
         for a in self.actions.iter_mut().filter(|a| a.slot == NO_SLOT) {
-            let free = (0..ACTION_SLOTS).find(|&s| used[s / 64] & (1 << (s % 64)) == 0);
-            let Some(s) = free else { break };
-            used[s / 64] |= 1 << (s % 64);
+            let Some(s) = used.iter().position(|u| !u) else {
+                break;
+            };
+            used[s] = true;
             // Below ACTION_SLOTS, which fits in a u16.
             a.slot = s as u16;
-            self.fresh.push(a.slot);
+            fresh.push(a.slot);
         }
+        fresh
     }
 
     pub fn actions(&self) -> &[CsumAction] {
@@ -218,9 +222,9 @@ impl LiveRules {
         let mut next = Rules::clone(&self.current.load_full());
         edit(&mut next)?;
         next.generation += 1;
-        next.index();
+        let fresh = next.index();
         if let Some(t) = &self.tallies {
-            for &slot in &next.fresh {
+            for slot in fresh {
                 t.restart_action(slot);
             }
         }
