@@ -338,7 +338,7 @@ fn tally(seen: &mut Copied, block: &Block<'_>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::pipeline::capture::tests::UnicastOnly;
     use crate::pipeline::fdb::FdbCache;
@@ -347,7 +347,8 @@ mod tests {
     use crate::wire::VirtioNetHdr;
     use std::io::BufRead;
 
-    fn send(sw: &Switch, port: usize, dst: [u8; 6], len: usize) {
+    /// Forwards one frame of `len` bytes to `dst` from `port`, as a worker would.
+    pub(crate) fn send(sw: &Switch, port: usize, dst: [u8; 6], len: usize) {
         let mut f = vec![0u8; len];
         let tally = sw.tallies().register();
         let (mut routes, mut fdb, mut originated) = (RouteCache::default(), FdbCache::default(), Vec::new());

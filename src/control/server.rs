@@ -403,4 +403,43 @@ mod tests {
         drop(asking);
         assert!(served.join().unwrap().is_ok());
     }
+
+    /// A capture client that asks and then reads nothing: the daemon's writes give up
+    /// after their bound, the capture ends and the port is free again, while frames keep
+    /// coming (each a full snap length, so the socket's buffer fills).
+    #[test]
+    fn a_capture_client_that_stops_reading_is_let_go() {
+        use crate::control::capture::tests::send;
+        use crate::pipeline::capture::tests::UnicastOnly;
+        let mut d = daemon();
+        let sw = Arc::new(Switch::new(2));
+        sw.attach(0, Arc::new(UnicastOnly));
+        sw.attach(1, Arc::new(UnicastOnly));
+        d.switch = sw.clone();
+        let d = Arc::new(d);
+        let (mut client, s) = UnixStream::pair().unwrap();
+        let served = {
+            let d = d.clone();
+            thread::spawn(move || serve_client(&d, s, LINE_LIMITS))
+        };
+        let ask = serde_json::json!({"cmd": "capture", "capture": {
+            "port": 1, "sent": false, "offered": true, "count": null, "seconds": null, "snaplen": 65535
+        }});
+        client.write_all(format!("{ask}\n").as_bytes()).unwrap();
+        let t0 = Instant::now();
+        while !served.is_finished() && t0.elapsed() < Duration::from_secs(20) {
+            send(&sw, 0, [2, 0, 0, 0, 0, 9], 60_000);
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            served.is_finished(),
+            "a client that reads nothing held its capture for 20 s"
+        );
+        assert!(
+            served.join().unwrap().is_err(),
+            "the stalled write ends it as an error"
+        );
+        assert!(!sw.rules().load().capturing(), "the port is free again");
+        drop(client);
+    }
 }
