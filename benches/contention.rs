@@ -1,34 +1,39 @@
-//! The shapes of the two Linux changes this project models, with 1 and 2 worker threads
-//! each thread on a frame or destination of its own:
+//! The two Linux changes this project models, each "after" against its "before" as the
+//! daemon itself runs them (the modes guest-tests/seeds.sh compares in a guest), with 1, 2
+//! and 4 worker threads, each on a frame or destination of its own:
 //!
-//! - **checksum actions**: act_csum before Linux 4.12's lockless rework took the action's
-//!   spinlock per packet and counted into shared statistics; dpaa-vnic's workers load an
-//!   immutable snapshot of the rules (`LiveRules`) and count into their own `Tally`. Both
-//!   sides run the same `csum_action::run` on the same 64-byte UDP frame.
-//! - **route caching**: a route cache shared by every CPU, whose entries are reference
-//!   counted per packet (as a shared dst is held and released), against the per-queue
-//!   `RouteCache` each dpaa-vnic worker owns (`nh_rth_output` made per-CPU in Linux 3.6).
+//! - **checksum actions**: `--csum-rules locked` takes one lock per action list for every
+//!   frame and counts under it in statistics every thread writes, as act_csum did before
+//!   Linux 4.12's lockless rework; the default loads an immutable snapshot of the rules
+//!   (`LiveRules`) and counts in the worker's own `Tally`. Both run
+//!   `ActionList::apply` on the same 64-byte UDP frame.
+//! - **route caching**: `--route-cache shared`, one cache for every worker behind one
+//!   lock, against the per-queue `RouteCache` each worker owns by default (`nh_rth_output`
+//!   made per-CPU in Linux 3.6).
 //!
 //! Criterion reports the time per packet of one thread while the others run the same loop;
-//! the ratio between the 1- and 2-thread rows is the contention. A 2-CPU machine shows two
-//! threads at most. docs/performance.md, "The seeds' own comparisons", has the results.
+//! the ratio between the rows of one mode is the contention. docs/performance.md, "The
+//! seeds' experiments", has the results.
 //!
 //! cargo bench --bench contention
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dpaa_vnic::pipeline::csum_action::{self, ActionVerdict, CsumAction, Dir};
-use dpaa_vnic::pipeline::router::RouteCache;
+use dpaa_vnic::pipeline::csum_action::{CsumAction, Dir};
+use dpaa_vnic::pipeline::router::{RouteCache, SharedRouteCache};
 use dpaa_vnic::pipeline::rules::{LiveRules, Rules};
 use dpaa_vnic::pipeline::Packet;
 use dpaa_vnic::stats::Tallies;
 use dpaa_vnic::wire::checksum::checksum;
 use dpaa_vnic::wire::{MacAddr, VirtioNetHdr};
+
+/// Threads per row: a 2-CPU machine runs two at once at most, so 4 shows what a queue
+/// loses while it waits for a CPU as well as for the lock.
+const THREADS: [usize; 3] = [1, 2, 4];
 
 /// A 64-byte IPv4/UDP frame, its IP header checksum right, its UDP checksum to be written.
 fn udp64() -> Vec<u8> {
@@ -75,40 +80,21 @@ fn bench_csum_action(c: &mut Criterion) {
     let template = udp64();
     let mut g = c.benchmark_group("contention/csum action, 64B");
     g.throughput(Throughput::Elements(1));
-    for threads in [1usize, 2] {
-        // Before: the action behind one lock, its counters shared by every thread.
-        let locked = Mutex::new(vec![action.clone()]);
-        let (updated, packets) = (AtomicU64::new(0), AtomicU64::new(0));
-        g.bench_with_input(
-            BenchmarkId::new("lock + shared counters", threads),
-            &threads,
-            |b, &n| {
-                b.iter_custom(|iters| {
-                    threaded(
-                        n,
-                        iters,
-                        |_| template.clone(),
-                        |frame| {
-                            let actions = locked.lock().unwrap_or_else(|p| p.into_inner());
-                            let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
-                            if csum_action::run(&actions, &mut pkt).0 == ActionVerdict::Updated {
-                                updated.fetch_add(1, Ordering::Relaxed);
-                            }
-                            packets.fetch_add(1, Ordering::Relaxed);
-                            black_box(&frame);
-                        },
-                    )
-                })
-            },
-        );
-        // dpaa-vnic: a snapshot loaded per packet, counters (the queue's and the action's
-        // own) in the worker's own tally.
-        let live = LiveRules::new(Rules::new(1, vec![action.clone()]));
-        let tallies = Tallies::new(1, 1);
-        g.bench_with_input(
-            BenchmarkId::new("snapshot + per-queue tallies", threads),
-            &threads,
-            |b, &n| {
+    // The daemon's two modes, through the same call a worker makes: `--csum-rules locked`
+    // (one lock per list, statistics every thread writes under it) and the default
+    // (a snapshot loaded per frame, every count in the worker's own tally).
+    let modes = [
+        (
+            "--csum-rules locked",
+            Rules::new(1, vec![action.clone()]).with_locked_actions(),
+        ),
+        ("--csum-rules lockless", Rules::new(1, vec![action.clone()])),
+    ];
+    for threads in THREADS {
+        for (name, rules) in &modes {
+            let live = LiveRules::new(rules.clone());
+            let tallies = Tallies::new(1, 1);
+            g.bench_with_input(BenchmarkId::new(*name, threads), &threads, |b, &n| {
                 b.iter_custom(|iters| {
                     threaded(
                         n,
@@ -118,23 +104,15 @@ fn bench_csum_action(c: &mut Criterion) {
                             let rules = live.load();
                             let mut pkt = Packet::new(VirtioNetHdr::default(), frame);
                             let counts = tally.counts(0, 0);
-                            let actions = rules.actions_for(0, Dir::Ingress);
-                            csum_action::apply(actions, &mut pkt, counts);
+                            black_box(rules.actions_for(0, Dir::Ingress).apply(&mut pkt, counts));
                             counts.queue.tx_packets.inc();
-                            black_box(&frame);
                         },
                     )
                 })
-            },
-        );
+            });
+        }
     }
     g.finish();
-}
-
-/// What a shared cache hands out: a resolved next hop, reference counted as a dst is.
-struct Hop {
-    mac: MacAddr,
-    port: usize,
 }
 
 fn bench_route_cache(c: &mut Criterion) {
@@ -142,44 +120,47 @@ fn bench_route_cache(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     let dst = |t: usize| IpAddr::V4(Ipv4Addr::new(172, 16, 0, 7 + t as u8));
     let mac = MacAddr([2, 0, 0, 0, 0, 9]);
-    for threads in [1usize, 2] {
-        // Before: one cache for all, behind a lock, each hit taking and dropping a reference.
-        let shared: Mutex<Vec<(IpAddr, Arc<Hop>)>> =
-            Mutex::new((0..2).map(|t| (dst(t), Arc::new(Hop { mac, port: 1 }))).collect());
+    for threads in THREADS {
+        // `--route-cache shared`: one cache for all threads, behind its lock.
+        let shared = SharedRouteCache::default();
+        // The first look-up takes the generation; the entries are put after it.
+        shared.get(1, dst(0));
+        for t in 0..threads {
+            shared.put(dst(t), mac, 1);
+        }
         g.bench_with_input(
-            BenchmarkId::new("shared, locked, refcounted", threads),
+            BenchmarkId::new("--route-cache shared", threads),
             &threads,
             |b, &n| {
                 b.iter_custom(|iters| {
                     threaded(n, iters, dst, |d| {
-                        let hop = {
-                            let cache = shared.lock().unwrap_or_else(|p| p.into_inner());
-                            cache.iter().find(|(k, _)| k == d).map(|(_, h)| h.clone())
-                        };
-                        let hop = hop.expect("cached");
-                        black_box((hop.mac, hop.port));
+                        black_box(shared.get(1, black_box(*d)).expect("cached"));
                     })
                 })
             },
         );
-        // dpaa-vnic: each worker's own cache, checked against the table's generation.
-        g.bench_with_input(BenchmarkId::new("per-queue cache", threads), &threads, |b, &n| {
-            b.iter_custom(|iters| {
-                threaded(
-                    n,
-                    iters,
-                    |t| {
-                        let mut cache = RouteCache::default();
-                        cache.get(1, dst(t));
-                        cache.put(dst(t), mac, 1);
-                        (cache, dst(t))
-                    },
-                    |(cache, d)| {
-                        black_box(cache.get(1, black_box(*d)).expect("cached"));
-                    },
-                )
-            })
-        });
+        // The default: each worker's own cache, checked against the table's generation.
+        g.bench_with_input(
+            BenchmarkId::new("--route-cache per-queue", threads),
+            &threads,
+            |b, &n| {
+                b.iter_custom(|iters| {
+                    threaded(
+                        n,
+                        iters,
+                        |t| {
+                            let mut cache = RouteCache::default();
+                            cache.get(1, dst(t));
+                            cache.put(dst(t), mac, 1);
+                            (cache, dst(t))
+                        },
+                        |(cache, d)| {
+                            black_box(cache.get(1, black_box(*d)).expect("cached"));
+                        },
+                    )
+                })
+            },
+        );
     }
     g.finish();
 }

@@ -5,7 +5,8 @@
 # another subnet, through dpaa-vnic's router, with an ingress checksum action on A's port.
 #
 # A virtio queue carries no CPU number, so the daemon sees vCPU n only as the traffic of
-# queue n; the guest prints its XPS map and the host checks it. A Linux per-CPU route cache
+# queue n; the guest prints its XPS map, the host checks it and tells the daemon
+# (ctl queue-cpus), and ctl stats shows each queue's CPUs beside its counters. A Linux per-CPU route cache
 # becomes here one cache per queue worker (docs/pipeline.md). What shows that each queue's
 # worker kept its own cache, and that no other queue's traffic emptied it:
 # - every queue counted its own sender's datagrams (tx, routed, checksums rewritten);
@@ -77,6 +78,16 @@ for mode in net device; do
     start_guest gb-$mode net b-$mode.sock b 1 52:54:00:d0:aa:02
     start_guest ga-$mode $mode a-$mode.sock a $CPUS
     wait_console ga-$mode "VNIC-XPS tx-$((CPUS - 1))" "$GUEST_TIMEOUT" || exit 1
+    # The guest's XPS map, as it printed it, told to the daemon for ctl stats (a queue
+    # carries no CPU number): tx-N's mask as a CPU list.
+    map=$(grep -a -o "VNIC-XPS tx-[0-9]* [0-9a-f,]*" "$RUN_DIR/ga-$mode.log" | tr -d ',' | python3 -c '
+import sys
+for line in sys.stdin:
+    _, q, mask = line.split()
+    cpus = [str(c) for c in range(64) if int(mask, 16) >> c & 1]
+    print(q[3:] + "=" + ",".join(cpus), end=" ")')
+    # shellcheck disable=SC2086
+    ctl $d queue-cpus 0 $map >/dev/null
     if [[ $mode == device ]]; then
         # The driver's VQ_PAIRS_SET, read while it runs (a disconnect resets it).
         expect_eq "device: active queue pairs (the driver's VQ_PAIRS_SET)" \
@@ -99,6 +110,7 @@ for mode in net device; do
     done
     ctl $d stats >"$RUN_DIR/stats-$d.json"
     for q in $(seq 0 $((CPUS - 1))); do
+        expect_eq "$mode: ctl stats: queue $q's CPUs, from the guest's XPS map" "$(queue_counter $d "$q" cpus)" "$q"
         expect_ge "$mode: queue $q: frames from vCPU $q" "$(queue_counter $d "$q" tx_packets)" "$N"
         expect_ge "$mode: queue $q: routed" "$(queue_counter $d "$q" routed)" "$N"
         expect_ge "$mode: queue $q: checksums rewritten by the ingress action" "$(queue_counter $d "$q" csum_updated)" "$N"

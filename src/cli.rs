@@ -284,6 +284,10 @@ pub enum CtlCommand {
     /// Takes a guest port's link down or brings it up, through QEMU (--qmp, net
     /// attachment): the guest's carrier follows, and nothing moves while it is down.
     Link { port: usize, state: LinkState },
+    /// Says which guest CPUs send on each queue of a guest port (the guest's XPS map,
+    /// /sys/class/net/IF/queues/tx-N/xps_cpus), e.g. 0=0 1=1 2=2-3: ctl stats and ctl
+    /// watch show it beside each queue. No queue carries a CPU number; none forgets.
+    QueueCpus { port: usize, map: Vec<String> },
     /// Records a port's frames as pcapng, for tcpdump -r or Wireshark: what the port sent
     /// (tx) and what the switch offered it (rx), taken or not. A frame the port's receive
     /// filter or a checksum action dropped carries a comment saying why. Runs until the
@@ -545,6 +549,18 @@ pub struct RunArgs {
         value_name = "PREFIX,via=ADDR|port=N"
     )]
     pub routes: Vec<Route>,
+    /// Where routed frames find their next hop: per-queue, each queue's worker in a cache
+    /// of its own; shared, one locked cache for all (the before of Linux's per-CPU route
+    /// cache, only to measure against).
+    #[arg(help_heading = "Data path", long, default_value = "per-queue", value_name = "per-queue|shared",
+        value_parser = ["per-queue", "shared"])]
+    pub route_cache: String,
+    /// How workers run checksum actions: lockless, from a published snapshot with counters
+    /// per worker; locked, each port's actions under one lock with shared counters (the
+    /// before of lockless act_csum, only to measure against).
+    #[arg(help_heading = "Data path", long, default_value = "lockless", value_name = "lockless|locked",
+        value_parser = ["lockless", "locked"])]
+    pub csum_rules: String,
     /// Which source MACs a guest may send from (as spoofchk on an SR-IOV NIC): auto
     /// locks a guest to the MAC served in config space (device attachment) and leaves the
     /// net attachment open, where QEMU owns the MAC; sticky also locks a net-attachment

@@ -144,6 +144,10 @@ pub struct Config {
     pub socket_access: SocketAccess,
     pub router_ips: Vec<RouterIf>,
     pub routes: Vec<Route>,
+    /// `--route-cache shared`: one locked route cache for every worker.
+    pub shared_route_cache: bool,
+    /// `--csum-rules locked`: checksum actions under a lock, with shared counters.
+    pub locked_csum_rules: bool,
     pub mac_lock: MacLock,
     pub fdb_limit: usize,
     pub neigh_limit: usize,
@@ -430,6 +434,8 @@ impl TryFrom<RunArgs> for Config {
             socket_access,
             router_ips: a.router_ips,
             routes: a.routes,
+            shared_route_cache: a.route_cache == "shared",
+            locked_csum_rules: a.csum_rules == "locked",
             mac_lock: a.port_mac_lock,
             poll,
             fdb_limit: a.fdb_limit,
@@ -475,6 +481,18 @@ mod tests {
         assert_eq!(c.snoop, Snooping::Off);
         // Event-driven unless poll mode is asked for.
         assert_eq!(c.poll, None);
+        // The seeds' "before" modes only when asked for.
+        assert!(!c.shared_route_cache && !c.locked_csum_rules);
+        let c = parse(&[
+            "--socket",
+            "a",
+            "--route-cache",
+            "shared",
+            "--csum-rules",
+            "locked",
+        ])
+        .unwrap();
+        assert!(c.shared_route_cache && c.locked_csum_rules);
     }
 
     #[test]

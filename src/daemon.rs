@@ -172,6 +172,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
             .iter()
             .map(|q| (q.port, Arc::new(QmpLink::default())))
             .collect(),
+        queue_cpus: Default::default(),
     });
     if let Some(path) = &cfg.control {
         make_default_dir(path)?;
@@ -382,12 +383,19 @@ fn start_tap(
 fn switch(cfg: &Config) -> Switch {
     let nports = cfg.guests.len() + usize::from(cfg.tap.is_some());
     let table = RouteTable::new(cfg.router_ips.clone(), cfg.routes.clone());
-    Switch::with_queues(
-        Rules::with_router(nports, cfg.csum_actions.clone(), table),
-        usize::from(cfg.queue_pairs),
-    )
-    .with_fdb_limit(cfg.fdb_limit)
-    .with_neigh_limit(cfg.neigh_limit)
+    let mut rules = Rules::with_router(nports, cfg.csum_actions.clone(), table);
+    if cfg.locked_csum_rules {
+        warn!("--csum-rules locked: every frame an action list runs on takes that list's one lock (a baseline to measure against)");
+        rules = rules.with_locked_actions();
+    }
+    let switch = Switch::with_queues(rules, usize::from(cfg.queue_pairs))
+        .with_fdb_limit(cfg.fdb_limit)
+        .with_neigh_limit(cfg.neigh_limit);
+    if cfg.shared_route_cache {
+        warn!("--route-cache shared: every worker routes through one locked cache (a baseline to measure against)");
+        return switch.with_shared_route_cache();
+    }
+    switch
 }
 
 fn guest_port(

@@ -490,6 +490,8 @@ fn actions_change_live_and_metrics_serve_prometheus_text() {
         "dpaa_vnic_build_info{".to_string(),
         format!("dpaa_vnic_snoop_records_total{{{port0},protocol=\"mld\",record=\"to_in\"}} 0"),
         format!("dpaa_vnic_snoop_audits_total{{{port0}}} 0"),
+        "dpaa_vnic_csum_action_matched_total{action=\"port=0,dir=ingress,update=tcp,dst=10.0.0.0/8\"} 0"
+            .to_string(),
         "process_open_fds ".to_string(),
         "# TYPE process_cpu_seconds_total counter".to_string(),
     ] {
@@ -1092,4 +1094,60 @@ fn a_qmp_monitor_that_sends_garbage_is_counted_and_shown() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("errors"), "{text}");
+}
+
+/// `ctl queue-cpus`: the guest CPUs behind each queue, as told, beside the queue in `ctl
+/// stats` (JSON and table); a bad mapping is refused and changes nothing.
+#[test]
+fn queue_cpus_are_shown_beside_their_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let ctlp = dir.path().join("ctl.sock");
+    let c = Command::new(BIN)
+        .args(["--socket", sock.to_str().unwrap(), "--queues", "2"])
+        .args(["--control", ctlp.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _d = Daemon(c);
+    wait_until("control socket", || {
+        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
+    });
+    let (ok, v, err) = ctl(&ctlp, &["queue-cpus", "0", "0=0", "1=1-3"]);
+    assert!(ok, "{err}");
+    assert_eq!(v["queue_cpus"], serde_json::json!(["0", "1-3"]));
+    for (args, why) in [
+        (&["queue-cpus", "0", "2=0"][..], "queue 2 does not exist"),
+        (&["queue-cpus", "0", "0=x"][..], "bad CPU number"),
+        (&["queue-cpus", "3", "0=0"][..], "port 3 does not exist"),
+    ] {
+        let (ok, _, err) = ctl(&ctlp, args);
+        assert!(!ok && err.contains(why), "{args:?}: {err}");
+    }
+    let (_, v, _) = ctl(&ctlp, &["stats"]);
+    let queues = &v["ports"][0]["queues"];
+    assert_eq!(
+        (queues[0]["cpus"].as_str(), queues[1]["cpus"].as_str()),
+        (Some("0"), Some("1-3"))
+    );
+    let table = Command::new(BIN)
+        .args([
+            "ctl",
+            "--control",
+            ctlp.to_str().unwrap(),
+            "--format",
+            "table",
+            "stats",
+        ])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("port 0: queue 0 CPUs 0, queue 1 CPUs 1-3"),
+        "{table}"
+    );
+    // None forgets.
+    assert!(ctl(&ctlp, &["queue-cpus", "0"]).0);
+    let (_, v, _) = ctl(&ctlp, &["stats"]);
+    assert_eq!(v["ports"][0]["queues"][0].get("cpus"), None);
 }

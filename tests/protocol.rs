@@ -1253,13 +1253,18 @@ fn stats_are_read_without_waiting_for_the_control_lock() {
         started: view::Started::now(Vec::new()),
         poll: None,
         qmp: Default::default(),
+        queue_cpus: Default::default(),
     });
     let held = r.port.lock_ctrl();
     let (tx, rx) = std::sync::mpsc::channel();
     let d2 = d.clone();
     thread::spawn(move || {
-        let (v, f) = (view::stats(&d2), view::filter(&d2.ports));
-        let text = dpaa_vnic::control::metrics::render(&v, &f);
+        let (v, f, a) = (
+            view::stats(&d2),
+            view::filter(&d2.ports),
+            view::actions(&d2.switch),
+        );
+        let text = dpaa_vnic::control::metrics::render(&v, &f, &a);
         tx.send(
             text.contains("dpaa_vnic_filter_syncs_total") && text.contains("dpaa_vnic_filter_buckets_used"),
         )

@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
         started: Started::now(Vec::new()),
         poll: None,
         qmp: Default::default(),
+        queue_cpus: Default::default(),
     };
     let reply = answer(&d, line);
     let v: serde_json::Value = serde_json::from_str(&reply).expect("the answer is JSON");

@@ -181,6 +181,13 @@ pub fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<(), ClientError> {
             };
             return capture(&path, &ask, file);
         }
+        CtlCommand::QueueCpus { port, map } => {
+            owned = std::iter::once(port.to_string())
+                .chain(map.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            ("queue-cpus", Some(owned.as_str()))
+        }
         CtlCommand::Link { port, state } => {
             let word = if *state == LinkState::Up { "up" } else { "down" };
             owned = format!("{port} {word}");

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::bounded::Limits;
-use super::view::{self, FeaturesView, FilterView, StatsView};
+use super::view::{self, ActionsView, FeaturesView, FilterView, StatsView};
 use super::view::{Daemon, PollThreadView, PortFilter, PortStats, SnoopView};
 use crate::device::features::Attachment;
 use crate::device::filter::regs::FilterStats;
@@ -177,7 +177,7 @@ fn ctrl_answers(x: &mut Exposition, p: &PortStats, port: &str) {
 /// port counter (control queue, connection, filter sync) as
 /// `dpaa_vnic_<name>_total{port,port_name,kind}`, the ports' state as gauges, and
 /// `dpaa_vnic_build_info`. docs/interface.md lists them all.
-pub fn render(stats: &StatsView, filter: &FilterView) -> String {
+pub fn render(stats: &StatsView, filter: &FilterView, actions: &ActionsView) -> String {
     let mut x = Exposition::default();
     x.gauge(
         "build_info",
@@ -244,9 +244,28 @@ pub fn render(stats: &StatsView, filter: &FilterView) -> String {
             v,
         );
     }
+    action_metrics(&mut x, actions);
     poll_metrics(&mut x, &stats.poll_threads);
     process_metrics(&mut x);
     x.text()
+}
+
+/// Each checksum action's own counts (`ctl action list`): summed over every queue, since
+/// the action was added; labelled with the action as `--csum-action` takes it.
+fn action_metrics(x: &mut Exposition, actions: &ActionsView) {
+    for a in &actions.counts {
+        let labels = format!("action=\"{}\"", escaped(&a.action));
+        for (name, v) in fields(&a.counts) {
+            let help = match name.as_str() {
+                "matched" => "Frames a checksum action matched.",
+                "passed" => "Frames a checksum action matched and let through.",
+                _ => {
+                    "Frames a checksum action matched and dropped: its verdict, or a sum it could not write."
+                }
+            };
+            x.counter(&format!("csum_action_{name}"), help, &labels, v);
+        }
+    }
 }
 
 /// Queue counters that count refusals and limits: exported per port (summed over its
@@ -535,7 +554,11 @@ pub fn answer_head(d: &Daemon, head: &[u8]) -> Vec<u8> {
             with_body,
         );
     }
-    let body = render(&view::stats(d), &view::filter(&d.ports));
+    let body = render(
+        &view::stats(d),
+        &view::filter(&d.ports),
+        &view::actions(&d.switch),
+    );
     response(
         200,
         "OK",
@@ -596,6 +619,7 @@ mod tests {
     fn stats_view() -> StatsView {
         let q = |queue, rx| QueueView {
             queue,
+            cpus: None,
             counters: QueueSnapshot {
                 rx_packets: rx,
                 ..Default::default()
@@ -657,6 +681,21 @@ mod tests {
         }
     }
 
+    fn actions_view() -> ActionsView {
+        let action = "port=0,dir=ingress,update=iph,verdict=drop".to_string();
+        ActionsView {
+            actions: vec![action.clone()],
+            counts: vec![view::ActionCounts {
+                action,
+                counts: crate::stats::ActionSnapshot {
+                    matched: 9,
+                    passed: 0,
+                    dropped: 9,
+                },
+            }],
+        }
+    }
+
     /// What a port cannot move is not on the page: the actions' and the router's counters
     /// without them, and a tap's filter, control and connection families; refusals are per
     /// port. A counter that did move is there whatever the rule says.
@@ -674,7 +713,7 @@ mod tests {
         tap.ctrl_answer_buckets = Default::default();
         view.ports[0].totals.tx_spoofed = 4;
         view.ports.push(tap);
-        let text = render(&view, &filter_view());
+        let text = render(&view, &filter_view(), &actions_view());
         let guest = r#"port="0",port_name="/run/a \"b\"\\c.sock",kind="vhost-user""#;
         let tap = r#"port="1",port_name="vtap0",kind="tap""#;
         for absent in [
@@ -710,7 +749,7 @@ mod tests {
             csum_actions: 1,
             router: true,
         };
-        let text = render(&view, &filter_view());
+        let text = render(&view, &filter_view(), &actions_view());
         assert!(text.contains(&format!(
             "dpaa_vnic_csum_updated_total{{{guest},queue=\"0\"}} 0\n"
         )));
@@ -720,7 +759,7 @@ mod tests {
     #[test]
     fn text_format_groups_series_under_one_type_line() {
         let view = stats_view();
-        let text = render(&view, &filter_view());
+        let text = render(&view, &filter_view(), &actions_view());
         let port = r#"port="0",port_name="/run/a \"b\"\\c.sock",kind="vhost-user""#;
         assert_eq!(
             text.matches("# TYPE dpaa_vnic_rx_packets_total counter\n")
@@ -735,6 +774,10 @@ mod tests {
             format!("dpaa_vnic_filter_syncs_total{{{port}}} 2\n"),
             format!("dpaa_vnic_rings_broken_total{{{port}}} 1\n"),
             format!("dpaa_vnic_connected{{{port}}} 1\n"),
+            "dpaa_vnic_csum_action_matched_total{action=\"port=0,dir=ingress,update=iph,verdict=drop\"} 9\n"
+                .into(),
+            "dpaa_vnic_csum_action_dropped_total{action=\"port=0,dir=ingress,update=iph,verdict=drop\"} 9\n"
+                .into(),
             format!("dpaa_vnic_multicast_addresses{{{port}}} 3\n"),
             format!("dpaa_vnic_filter_buckets{{{port}}} 64\n"),
             format!("dpaa_vnic_filter_buckets_used{{{port}}} 2\n"),

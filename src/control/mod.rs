@@ -3,7 +3,8 @@
 //! Requests: `{"cmd":"stats"}`, `{"cmd":"filter"}`, `{"cmd":"action-list"}`,
 //! `{"cmd":"action-add","arg":SPEC}`, `{"cmd":"action-del","arg":SPEC}`, and the same three
 //! for `route`; `{"cmd":"announce"}` (optionally `"arg":PORT`) and
-//! `{"cmd":"link","arg":"PORT up|down"}`, sent on to QEMU over `--qmp`. Answers are
+//! `{"cmd":"link","arg":"PORT up|down"}`, sent on to QEMU over `--qmp`;
+//! `{"cmd":"queue-cpus","arg":"PORT QUEUE=CPUS..."}`. Answers are
 //! objects; failures carry an `"error"` key. Every answer carries `"version"`:
 //! [`INTERFACE_VERSION`].
 
@@ -18,6 +19,7 @@ pub mod present;
 pub mod qemu_args;
 pub mod qmp;
 pub mod qmp_link;
+pub mod queue_cpus;
 pub mod server;
 pub mod version;
 pub mod view;

@@ -146,11 +146,28 @@ fn stats(v: &Value) -> String {
             )
         })
         .collect();
-    for line in control {
+    let told = ports.iter().filter_map(|p| {
+        let queues = p["queues"].as_array()?;
+        let each: Vec<String> = queues
+            .iter()
+            .filter(|q| q["cpus"].is_string())
+            .map(|q| format!("queue {} {}", text(&q["queue"]), queue_cpus(q)))
+            .collect();
+        (!each.is_empty()).then(|| format!("port {}: {}", text(&p["id"]), each.join(", ")))
+    });
+    for line in control.into_iter().chain(told) {
         out.push('\n');
         out.push_str(&line);
     }
     out
+}
+
+/// What the guest CPUs behind a queue were said to be (`ctl queue-cpus`), if anything.
+fn queue_cpus(q: &Value) -> String {
+    q["cpus"]
+        .as_str()
+        .map(|c| format!("CPUs {c}"))
+        .unwrap_or_default()
 }
 
 fn rx_mode(m: &Value) -> String {
@@ -300,7 +317,7 @@ pub fn rates(before: &Value, after: &Value, seconds: f64) -> String {
         if queues.len() > 1 {
             for (i, now) in queues.iter().enumerate() {
                 let then = &q["queues"][i];
-                let mut row = vec![String::new(), i.to_string(), String::new()];
+                let mut row = vec![String::new(), i.to_string(), queue_cpus(now)];
                 row.extend(RATE_COLUMNS.iter().map(|(k, _)| rate(then, now, k)));
                 t.add_row(row);
             }
@@ -319,7 +336,7 @@ mod tests {
             "ports": [{
                 "id": 0, "kind": "vhost-user", "name": "/run/vm0.sock", "attachment": "net",
                 "connected": true, "totals": {"rx_packets": rx, "tx_packets": 3},
-                "queues": [{"rx_packets": rx}, {"rx_packets": 0}],
+                "queues": [{"queue": 0, "rx_packets": rx, "cpus": "0"}, {"queue": 1, "rx_packets": 0}],
                 "ctrl_commands": 0
             }],
             "totals": {"rx_packets": rx, "tx_packets": 3},
@@ -340,6 +357,8 @@ mod tests {
             assert!(row.contains(cell), "{cell} missing from {row}");
         }
         assert!(out.lines().any(|l| l.contains("all")), "{out}");
+        // What ctl queue-cpus was told, under the table.
+        assert!(out.lines().any(|l| l == "port 0: queue 0 CPUs 0"), "{out}");
     }
 
     #[test]
@@ -359,6 +378,10 @@ mod tests {
             .filter(|c| c.len() > 2 && (c[2] == "0" || c[2] == "1"))
             .count();
         assert_eq!(queue_rows, 2, "{out}");
+        assert!(
+            out.lines().any(|l| cells(l).iter().any(|c| c == "CPUs 0")),
+            "{out}"
+        );
     }
 
     #[test]

@@ -233,6 +233,25 @@ fn link(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({ "port": p, "link": if up { "up" } else { "down" } }))
 }
 
+/// `queue-cpus PORT [QUEUE=CPUS...]`: what the guest CPUs behind a guest port's queues
+/// are (its XPS map), for the views; no mapping forgets the port's.
+fn queue_cpus(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
+    let mut words = arg.unwrap_or("").split_whitespace();
+    let port = words.next().ok_or("queue-cpus needs PORT [QUEUE=CPUS...]")?;
+    let p: usize = port.parse().map_err(|e| format!("bad port {port:?}: {e}"))?;
+    let queues = match d.ports.get(p) {
+        None => return Err(format!("port {p} does not exist ({} ports)", d.ports.len())),
+        Some(PortRef::Tap(_)) => return Err(format!("port {p} is the tap: no guest CPU sends on it")),
+        Some(PortRef::Guest(g)) => g.stats().len(),
+    };
+    let map: Vec<&str> = words.collect();
+    let cpus = d
+        .queue_cpus
+        .set(p, queues, &map)
+        .map_err(|e| crate::logging::error_chain(&e))?;
+    Ok(serde_json::json!({ "port": p, "queue_cpus": cpus }))
+}
+
 fn answered(r: Result<serde_json::Value, String>) -> Result<serde_json::Value, serde_json::Error> {
     r.or_else(error)
 }
@@ -252,6 +271,7 @@ pub fn answer(d: &Daemon, line: &str) -> String {
             "route-del" => edit_routes(d, false, r.arg.as_deref()),
             "announce" => answered(announce(d, r.arg.as_deref())),
             "link" => answered(link(d, r.arg.as_deref())),
+            "queue-cpus" => answered(queue_cpus(d, r.arg.as_deref())),
             "capture" => error("capture streams frames: send it as a connection's only request".into()),
             other => error(format!("unknown command {other:?}")),
         },
@@ -361,6 +381,7 @@ mod tests {
             started: view::Started::now(Vec::new()),
             poll: None,
             qmp: Default::default(),
+            queue_cpus: Default::default(),
         }
     }
 

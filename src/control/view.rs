@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::qmp_link::QmpLink;
+use super::queue_cpus::QueueCpus;
 use crate::device::features::Attachment;
 use crate::device::filter::model::FilterSnapshot;
 use crate::device::filter::regs::FilterStats;
@@ -52,6 +53,8 @@ pub struct Daemon {
     pub poll: Option<Arc<PollGroup>>,
     /// `--qmp`'s connections by guest port, for `ctl announce` and `ctl link`.
     pub qmp: BTreeMap<usize, Arc<QmpLink>>,
+    /// The guest CPUs behind each queue, as `ctl queue-cpus` was told.
+    pub queue_cpus: QueueCpus,
 }
 
 /// When the daemon started, and its command line.
@@ -161,6 +164,9 @@ pub struct ClientRefusals {
 #[derive(Serialize)]
 pub struct QueueView {
     pub queue: usize,
+    /// The guest CPUs that send on this queue, as `ctl queue-cpus` was told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
     #[serde(flatten)]
     pub counters: QueueSnapshot,
 }
@@ -318,7 +324,11 @@ fn queues(stats: Vec<QueueSnapshot>) -> (Vec<QueueView>, QueueSnapshot) {
         .enumerate()
         .map(|(queue, counters)| {
             total += counters;
-            QueueView { queue, counters }
+            QueueView {
+                queue,
+                cpus: None,
+                counters,
+            }
         })
         .collect();
     (v, total)
@@ -386,6 +396,12 @@ pub fn stats(d: &Daemon) -> StatsView {
         };
         view.totals += ps.totals;
         view.ctrl_commands += ps.ctrl.ctrl_commands;
+        let mut ps = ps;
+        if let Some(told) = d.queue_cpus.of(ps.id) {
+            for (q, cpus) in ps.queues.iter_mut().zip(told) {
+                q.cpus = cpus;
+            }
+        }
         view.ports.push(ps);
     }
     view

@@ -68,6 +68,8 @@ pub struct Rules {
     captures: Vec<Option<Arc<Capture>>>,
     /// Whether any port has one: frames then take the general path, where the hooks are.
     capturing: bool,
+    /// `--csum-rules locked`: each port's lists behind a lock ([`ActionList::locked`]).
+    locked_actions: bool,
 }
 
 /// What [`Rules::actions_for`] lends for a port it does not know.
@@ -86,9 +88,18 @@ impl Rules {
             by_port: vec![Default::default(); nports],
             captures: vec![None; nports],
             capturing: false,
+            locked_actions: false,
         };
         r.index();
         r
+    }
+
+    /// The same rules, every list of actions run under a lock of its own and counted in
+    /// statistics all workers share (`--csum-rules locked`, the seed's "before").
+    pub fn with_locked_actions(mut self) -> Self {
+        self.locked_actions = true;
+        self.index();
+        self
     }
 
     /// Indexes the snapshot for the workers; returns the action slots it gave out, whose
@@ -102,7 +113,12 @@ impl Rules {
                 slot[a.dir.index()].push(a.clone());
             }
         }
-        self.by_port = split.into_iter().map(|dirs| dirs.map(ActionList::new)).collect();
+        let list = if self.locked_actions {
+            ActionList::locked
+        } else {
+            ActionList::new
+        };
+        self.by_port = split.into_iter().map(|dirs| dirs.map(list)).collect();
         fresh
     }
 

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use arrayvec::ArrayVec;
 
 use super::capture::{Fate, Way};
-use super::csum_action::{apply, Dir};
+use super::csum_action::Dir;
 use super::fdb::{Fdb, FdbCache, Learned, DEFAULT_PORT_LIMIT};
 use super::outbox::{Admitted, Egress, Outbox, OutboxBuffers, Ports, Refused, RUN_FRAMES};
 use super::packet::{BurstFrame, Packet};
 use super::router::neigh::{NeighLearned, Neighbours, DEFAULT_NEIGH_LIMIT};
-use super::router::{self, RouteCache, Step};
+use super::router::{self, RouteCache, SharedRouteCache, Step};
 use super::rules::{LiveRules, Rules};
 use crate::stats::{Counts, QueueStats, Tallies, Tally};
 use crate::wire::{ethernet, EthernetFrame, MacAddr, VirtioNetHdr};
@@ -61,6 +61,8 @@ pub struct Switch {
     tallies: Arc<Tallies>,
     /// Whether plain frames may take the burst path ([`Switch::plain_destination`]).
     burst: bool,
+    /// `--route-cache shared`: one cache for all workers instead of each its own.
+    shared_routes: Option<SharedRouteCache>,
 }
 
 impl Switch {
@@ -82,6 +84,7 @@ impl Switch {
             rules: LiveRules::counted(rules, tallies.clone()),
             tallies,
             burst: true,
+            shared_routes: None,
         }
     }
 
@@ -89,6 +92,13 @@ impl Switch {
     /// is checked against (tests/burst.rs).
     pub fn general_only(mut self) -> Self {
         self.burst = false;
+        self
+    }
+
+    /// Every worker routes through one shared, locked cache (`--route-cache shared`, the
+    /// seed's "before" to measure the per-queue caches against).
+    pub fn with_shared_route_cache(mut self) -> Self {
+        self.shared_routes = Some(SharedRouteCache::default());
         self
     }
 
@@ -166,7 +176,7 @@ impl Switch {
         // A capture records the frame as sent: before the port's ingress actions.
         let capture = rules.capture_of(src);
         let sent = capture.and_then(|c| c.take(Way::Sent, pkt.frame));
-        if !ingress.is_empty() && !apply(ingress, &mut pkt, from.counts()) {
+        if !ingress.apply(&mut pkt, from.counts()) {
             if let (Some(c), Some(rec)) = (capture, sent) {
                 c.put(rec, Fate::IngressAction);
             }
@@ -258,7 +268,7 @@ impl Switch {
         if !ingress.is_empty() {
             let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
             // A frame an ingress action drops is not learned from (`forward`).
-            if !apply(ingress, &mut pkt, from.counts()) {
+            if !ingress.apply(&mut pkt, from.counts()) {
                 return Some(Plain::Dropped);
             }
             flags = pkt.hdr.flags;
@@ -321,6 +331,7 @@ impl Switch {
             table: &rules.router,
             neigh: &self.neigh,
             generation: router::cache_generation(rules.generation(), self.neigh.generation()),
+            shared: self.shared_routes.as_ref(),
         };
         let stats = from.tally.at(src, from.queue);
         let r = router::handle(&at, src, pkt.frame, from.routes, from.originated, stats);
@@ -401,7 +412,7 @@ impl Switch {
     ) {
         let actions = rules.actions_for(to, Dir::Egress);
         // Counted on the egress port's queue, in the delivering worker's tally.
-        let kept = actions.is_empty() || apply(actions, &mut pkt, out.tally().counts(to, flow));
+        let kept = actions.apply(&mut pkt, out.tally().counts(to, flow));
         if let Some(c) = rules.capture_of(to) {
             c.record(Way::Offered, offered(adm, kept), pkt.frame);
         }
@@ -429,7 +440,7 @@ impl Switch {
         }
         let capture = rules.capture_of(to);
         out.copy(to, flow, adm, pkt, |copy| {
-            let kept = actions.is_empty() || apply(actions, copy, counts);
+            let kept = actions.apply(copy, counts);
             if let Some(c) = capture {
                 c.record(Way::Offered, offered(adm, kept), copy.frame);
             }
@@ -905,6 +916,30 @@ mod tests {
                 assert_eq!(w.go(port, rep), Forwarded::Routed);
             }
             w
+        }
+
+        /// Per queue, each worker resolves B once, in its own cache; with `--route-cache
+        /// shared`, what one worker resolved the next one finds.
+        #[test]
+        fn each_worker_caches_its_own_routes_unless_shared() {
+            for shared in [false, true] {
+                let (sw, _sinks) = router();
+                let sw = if shared { sw.with_shared_route_cache() } else { sw };
+                let b = Ipv4Addr::new(10, 2, 0, 2).octets();
+                let mut first = resolved(&sw);
+                let mut second = Worker::new(&sw);
+                for w in [&mut first, &mut second] {
+                    for _ in 0..2 {
+                        assert_eq!(w.go(0, udp_to(b, 64)), Forwarded::Unicast(1));
+                    }
+                }
+                let [one, two] = [&first, &second].map(|w| {
+                    let q = w.tally.at(0, 0);
+                    (q.route_cache_hit.get(), q.route_cache_miss.get())
+                });
+                assert_eq!(one, (1, 1), "shared: {shared}");
+                assert_eq!(two, if shared { (2, 0) } else { (1, 1) }, "shared: {shared}");
+            }
         }
 
         #[test]

@@ -2,6 +2,9 @@
 //! burst path can know of it once, when the rules are published, instead of per frame.
 
 use std::ops::Deref;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::debug;
 
 use super::plain;
 use super::run::apply;
@@ -12,7 +15,7 @@ use crate::wire::virtio_net_hdr::F_DATA_VALID;
 use crate::wire::VirtioNetHdr;
 
 /// A port's actions for one direction, in the order they run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct ActionList {
     actions: Vec<CsumAction>,
     /// When every action matches every frame (no `proto`, no `dst`) and passes it, the union of their
@@ -21,6 +24,34 @@ pub struct ActionList {
     /// upper layer's pseudo-header holds no IP checksum, and each sum written again comes
     /// out the same (the tests below hold the two to the same bytes).
     every_frame: Option<Targets>,
+    /// `--csum-rules locked` only: the list's one lock, which every worker takes for every
+    /// frame the list runs on.
+    contended: Option<Arc<Contended>>,
+}
+
+/// `--csum-rules locked`: the "before" of the lockless act_csum (DESIGN.md, the seeds),
+/// kept to measure the lockless lists against in the same daemon (docs/performance.md,
+/// "The seeds' experiments"). As that version of tc's action did, every frame takes one
+/// lock per list and counts itself in statistics shared by every CPU, under the lock, so
+/// that each frame writes the same cache line wherever it runs. Never the default.
+#[derive(Debug, Default)]
+struct Contended(Mutex<Shared>);
+
+/// What a locked list counts under its lock: the frames and bytes tc's `bstats` held.
+#[derive(Debug, Default)]
+struct Shared {
+    frames: u64,
+    bytes: u64,
+}
+
+impl Drop for Contended {
+    fn drop(&mut self) {
+        let s = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
+        debug!(
+            "a locked action list ends after {} frames, {} bytes",
+            s.frames, s.bytes
+        );
+    }
 }
 
 impl ActionList {
@@ -28,6 +59,7 @@ impl ActionList {
     pub const EMPTY: ActionList = ActionList {
         actions: Vec::new(),
         every_frame: None,
+        contended: None,
     };
 
     pub fn new(actions: Vec<CsumAction>) -> Self {
@@ -38,7 +70,40 @@ impl ActionList {
                 every.then_some(all | a.update)
             })
             .filter(|_| !actions.is_empty());
-        ActionList { actions, every_frame }
+        ActionList {
+            actions,
+            every_frame,
+            contended: None,
+        }
+    }
+
+    /// The same list behind one lock and shared counters (`--csum-rules locked`).
+    pub fn locked(actions: Vec<CsumAction>) -> Self {
+        ActionList {
+            contended: Some(Arc::default()),
+            ..Self::new(actions)
+        }
+    }
+
+    /// Runs the list on a frame ([`apply`]): false if the frame drops.
+    #[inline]
+    pub fn apply(&self, pkt: &mut Packet<'_>, counts: Counts<'_>) -> bool {
+        if self.actions.is_empty() {
+            return true;
+        }
+        let _held = self.hold(pkt.frame.len());
+        apply(&self.actions, pkt, counts)
+    }
+
+    /// A locked list's lock, held for the frame, the frame counted under it.
+    #[inline]
+    fn hold(&self, bytes: usize) -> Option<MutexGuard<'_, Shared>> {
+        self.contended.as_deref().map(|c| {
+            let mut s = crate::sync::lock(&c.0);
+            s.frames += 1;
+            s.bytes += bytes as u64;
+            s
+        })
     }
 
     /// Runs the list on a frame whose header asks for nothing (the burst path's), counted
@@ -48,6 +113,7 @@ impl ActionList {
     /// match, and its rest is fetched only if that pass sums the payload (plain.rs).
     #[inline]
     pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, counts: Counts<'_>) -> Option<u8> {
+        let _held = self.hold(frame.len());
         if let Some(targets) = self.every_frame {
             if let Some(done) = plain::update(frame, targets, 0) {
                 if done.wrote {
@@ -133,13 +199,33 @@ mod tests {
             let mut pkt = Packet::new(VirtioNetHdr::default(), &mut slow);
             let kept = apply(&l, &mut pkt, Counts::new(&slow_stats, &slow_acts));
             prop_assert_eq!(flags, kept.then_some(pkt.hdr.flags));
-            prop_assert_eq!(quick, slow);
+            prop_assert_eq!(&quick, &slow);
             prop_assert_eq!(quick_stats.csum_updated.get(), slow_stats.csum_updated.get());
             prop_assert_eq!(quick_stats.csum_failed.get(), slow_stats.csum_failed.get());
             let counted = |a: &[ActionStats]| -> Vec<(u64, u64, u64)> {
                 a.iter().map(|c| (c.matched.get(), c.passed.get(), c.dropped.get())).collect()
             };
             prop_assert_eq!(counted(&quick_acts), counted(&slow_acts));
+
+            // A locked list (`--csum-rules locked`) does the same on both paths, and counts
+            // each frame under its lock.
+            let locked = ActionList::locked(l.actions.clone());
+            let (locked_stats, locked_acts) = (QueueStats::default(), action_slots(l.len()));
+            let mut one = f.clone();
+            let counts = Counts::new(&locked_stats, &locked_acts);
+            prop_assert_eq!(locked.apply_plain(&mut BurstFrame::new(&mut one), counts), flags);
+            let mut two = f.clone();
+            let mut pkt = Packet::new(VirtioNetHdr::default(), &mut two);
+            prop_assert_eq!(locked.apply(&mut pkt, counts), kept);
+            prop_assert_eq!(&one, &quick);
+            prop_assert_eq!(&two, &quick);
+            let twice: Vec<_> = counted(&quick_acts).iter().map(|&(m, p, d)| (2 * m, 2 * p, 2 * d)).collect();
+            prop_assert_eq!(counted(&locked_acts), twice);
+            let shared = locked.contended.as_deref().map(|c| {
+                let s = crate::sync::lock(&c.0);
+                (s.frames, s.bytes)
+            });
+            prop_assert_eq!(shared, Some((2, 2 * f.len() as u64)));
         }
     }
 }

@@ -1,6 +1,8 @@
-//! Each queue worker's cache of resolved routes.
+//! Each queue worker's cache of resolved routes, and the one shared cache of
+//! `--route-cache shared`.
 
 use std::net::IpAddr;
+use std::sync::Mutex;
 
 use crate::wire::MacAddr;
 
@@ -62,6 +64,24 @@ impl RouteCache {
     }
 }
 
+/// `--route-cache shared`: one cache for every worker, behind one lock, so that every
+/// routed frame writes the same cache line from whichever CPU it is on. This is the
+/// "before" of Linux's per-CPU output route (`nh_pcpu_rth_output`, whose shared route's
+/// refcount bounced the same way), kept to measure the per-queue cache against in the same
+/// daemon (docs/performance.md, "The seeds' experiments"). Never the default.
+#[derive(Default)]
+pub struct SharedRouteCache(Mutex<RouteCache>);
+
+impl SharedRouteCache {
+    pub fn get(&self, generation: u64, dst: IpAddr) -> Option<(MacAddr, usize)> {
+        crate::sync::lock(&self.0).get(generation, dst)
+    }
+
+    pub fn put(&self, dst: IpAddr, mac: MacAddr, port: usize) {
+        crate::sync::lock(&self.0).put(dst, mac, port);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +100,20 @@ mod tests {
         // A colliding or different address is a miss, never a wrong answer.
         assert_eq!(c.get(1, ip("10.1.0.8")), None);
         assert_eq!(c.get(2, ip("10.1.0.7")), None);
+        assert_eq!(c.get(2, ip("10.1.0.7")), None);
+    }
+
+    /// The shared cache answers as a worker's own does, whoever asks.
+    #[test]
+    fn shared_cache_is_one_cache_for_every_worker() {
+        let c = std::sync::Arc::new(SharedRouteCache::default());
+        let m = MacAddr([2, 0, 0, 0, 0, 1]);
+        assert_eq!(c.get(1, ip("10.1.0.7")), None);
+        let other = c.clone();
+        std::thread::spawn(move || other.put(ip("10.1.0.7"), m, 3))
+            .join()
+            .unwrap();
+        assert_eq!(c.get(1, ip("10.1.0.7")), Some((m, 3)));
         assert_eq!(c.get(2, ip("10.1.0.7")), None);
     }
 }

@@ -130,14 +130,21 @@ pub(super) fn forward<F: Family>(
 /// The next hop for `dst`, from the worker's cache when it holds this generation, else
 /// from the table (a forwardable answer is then cached). Counts hits and misses.
 fn cached_resolve(at: &Lookup<'_>, dst: IpAddr, cache: &mut RouteCache, stats: &QueueStats) -> Resolution {
-    if let Some((mac, port)) = cache.get(at.generation, dst) {
+    let cached = match at.shared {
+        Some(shared) => shared.get(at.generation, dst),
+        None => cache.get(at.generation, dst),
+    };
+    if let Some((mac, port)) = cached {
         stats.route_cache_hit.inc();
         return Resolution::Forward { mac, port };
     }
     stats.route_cache_miss.inc();
     let r = at.table.resolve(dst, at.neigh);
     if let Resolution::Forward { mac, port } = r {
-        cache.put(dst, mac, port);
+        match at.shared {
+            Some(shared) => shared.put(dst, mac, port),
+            None => cache.put(dst, mac, port),
+        }
     }
     r
 }

@@ -1,6 +1,7 @@
 //! What a worker routes by: the router's MAC, the tables, and the generation its route
 //! cache follows.
 
+use super::cache::SharedRouteCache;
 use super::neigh::Neighbours;
 use super::table::RouteTable;
 use crate::wire::MacAddr;
@@ -14,6 +15,8 @@ pub struct Lookup<'a> {
     pub table: &'a RouteTable,
     pub neigh: &'a Neighbours,
     pub generation: u64,
+    /// `--route-cache shared`: the one cache every worker uses instead of its own.
+    pub shared: Option<&'a SharedRouteCache>,
 }
 
 /// The generation a route cache follows: the rules' (bumped by every published change)

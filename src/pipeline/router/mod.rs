@@ -12,7 +12,8 @@
 //! - `spec`: the configuration syntax;
 //! - `lpm` and `table`: longest-prefix match and the table resolved against neighbours;
 //! - `neigh`: the neighbour table, bounded per port and aged;
-//! - `cache`: a worker's cache of resolved routes;
+//! - `cache`: a worker's cache of resolved routes (and the shared one of `--route-cache
+//!   shared`, the seed's "before", kept to measure against);
 //! - `dispatch`: which of the two versions a frame goes to;
 //! - `forward`: what happens to a routed frame, with one skeleton for both IP versions;
 //!   `ipv4` (with ARP) and `ipv6` (with neighbour discovery) supply what differs.
@@ -28,7 +29,7 @@ pub mod neigh;
 mod spec;
 mod table;
 
-pub use cache::RouteCache;
+pub use cache::{RouteCache, SharedRouteCache};
 pub use dispatch::{handle, switches_only};
 pub use forward::{Outcome, Step};
 pub use lookup::{cache_generation, Lookup, ROUTER_MAC};
