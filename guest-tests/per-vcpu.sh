@@ -28,14 +28,7 @@ make_initrd a <<GUEST
 wait_carrier eth0 || exit 1
 ip addr add 10.1.0.2/24 dev eth0
 ip route add default via 10.1.0.1
-q=0
-while [ \$q -lt $CPUS ]; do
-    printf '%x' \$((1 << q)) > /sys/class/net/eth0/queues/tx-\$q/xps_cpus || exit 1
-    irq=\$(grep "virtio[0-9]*-input.\$q\$" /proc/interrupts | cut -d: -f1 | tr -d ' ' | head -1)
-    [ -n "\$irq" ] && printf '%x' \$((1 << q)) > /proc/irq/\$irq/smp_affinity
-    echo "VNIC-XPS tx-\$q \$(cat /sys/class/net/eth0/queues/tx-\$q/xps_cpus) irq \${irq:-none}"
-    q=\$((q + 1))
-done
+queue_per_cpu eth0 $CPUS || exit 1
 # The warm-up pings from vCPU 0 (queue 0): B answers through the router, so both
 # neighbours are resolved before the senders start.
 retry 30 taskset 1 ping -c 1 -W 1 10.1.0.1 || exit 1

@@ -101,6 +101,9 @@ setup_run() {
         "$REPO_ROOT/scripts/provision" || die "preparing kernel $VNIC_KERNEL failed"
     fi
     [[ -f $QEMU_ROOT/.vnic-ready && -f $GUEST_DIR/base.cpio ]] || die "guest assets missing: run scripts/provision"
+    # A scenario run on its own after guest-tests/init or a guest tool changed: the base
+    # initramfs again (nothing when it is up to date).
+    VNIC_KERNEL=$VNIC_KERNEL GUEST_DIR=$GUEST_DIR "$REPO_ROOT/scripts/build-initramfs" || die "building the guest initramfs failed"
     mkdir -p "$RUN_DIR" "$QEMU_ROOT/vnic/guest/$KERNEL_KEY"
     cp -u "$GUEST_DIR/kernel" "$QEMU_ROOT/vnic/guest/$KERNEL_KEY/kernel"
 }

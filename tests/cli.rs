@@ -1103,16 +1103,7 @@ fn queue_cpus_are_shown_beside_their_queues() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("p.sock");
     let ctlp = dir.path().join("ctl.sock");
-    let c = Command::new(BIN)
-        .args(["--socket", sock.to_str().unwrap(), "--queues", "2"])
-        .args(["--control", ctlp.to_str().unwrap()])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _d = Daemon(c);
-    wait_until("control socket", || {
-        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
-    });
+    let _d = start_with(&sock, &ctlp, &["--queues", "2"]);
     let (ok, v, err) = ctl(&ctlp, &["queue-cpus", "0", "0=0", "1=1-3"]);
     assert!(ok, "{err}");
     assert_eq!(v["queue_cpus"], serde_json::json!(["0", "1-3"]));
