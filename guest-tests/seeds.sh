@@ -22,12 +22,12 @@
 # bounds how fast the guest sends: the guest's times compare the modes as a guest sees
 # them, the daemon's CPU per frame what each mode costs the host (docs/performance.md,
 # "The seeds' experiments", says what both showed here).
-# Env: VNIC_SEEDS_ROUNDS (2); VNIC_SEEDS_MODES (per-queue shared locked);
+# Env: VNIC_SEEDS_ROUNDS (1); VNIC_SEEDS_MODES (per-queue shared locked);
 #      VNIC_SEEDS_POLL=N (the daemon in poll mode with N threads; what it spends per frame
 #      is then its poll threads' busy time); VNIC_SEEDS_CSV (also write the rows there);
 #      VNIC_SEEDS_PLOT=PREFIX (the medians as PREFIX-route.csv and PREFIX-csum.csv, drawn
 #      by scripts/plot as .svg and .png).
-# vnic-kernels: bookworm
+# vnic-kernels: bookworm trixie-bpo
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
 setup_run
@@ -35,7 +35,7 @@ setup_run
 CPUS=4
 TOTAL=48000
 PER=12000
-ROUNDS=${VNIC_SEEDS_ROUNDS:-2}
+ROUNDS=${VNIC_SEEDS_ROUNDS:-1}
 POLL=${VNIC_SEEDS_POLL:-0}
 read -r -a MODES <<<"${VNIC_SEEDS_MODES:-per-queue shared locked}"
 CSV=$RUN_DIR/seeds.csv
