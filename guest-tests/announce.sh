@@ -8,6 +8,10 @@
 #     the audit that follows it.
 # (2) `ctl link 0 down`: the guest's carrier reads 0 and datagrams the host sends meanwhile
 #     never reach it; `ctl link 0 up`: the carrier is back, and so is traffic.
+# (3) The device attachment, where the port serves the config space itself and tells QEMU
+#     of a change over the channel QEMU gave (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG): after
+#     `ctl announce 0` the guest sends a gratuitous ARP and its IGMP reports (seen by `ctl
+#     capture`) and acks on its control queue; then (2) again.
 # vnic-kernels: bookworm trixie-bpo
 set -euo pipefail
 source "$(dirname "$0")/../scripts/guest-lib.sh"
@@ -15,10 +19,12 @@ setup_run
 
 GROUPS_HELD=${VNIC_ANNOUNCE_GROUPS:-10000}
 
-make_initrd announce <<GUEST
+# guest_script GROUPS: hold GROUPS groups, say so, then follow the link phase.
+guest_script() {
+    cat <<GUEST
 wait_carrier eth0 || exit 1
 ip addr add 10.77.0.2/24 dev eth0
-vnic-mcast ip eth0 239.77.0.1 $GROUPS_HELD 7077 900 >/tmp/m 2>&1 & m=\$!
+vnic-mcast ip eth0 239.77.0.1 $1 7077 900 >/tmp/m 2>&1 & m=\$!
 wait_line /tmp/m VNIC-JOINED 3000 || exit 1
 # The list settles (Linux applies it from deferred work) before the host compares.
 prev=""; cur=\$(mcast_snapshot eth0); i=0
@@ -39,6 +45,9 @@ echo "VNIC-UP udp_while_down=\$((\$(udp_seen) - before))"
 vnic-udp recv 7079 1 60 | grep received | sed 's/^/VNIC-BACK /'
 wait \$m || { cat /tmp/m; exit 1; }
 GUEST
+}
+guest_script "$GROUPS_HELD" | make_initrd announce
+guest_script 3 | make_initrd announce-dev
 
 ns=vnic-an-$$
 make_netns "$ns"
@@ -51,7 +60,7 @@ tap_up() {
 }
 send() { ip netns exec "$ns" "$HOST_UDP" send 10.77.0.2 "$@" >/dev/null; }
 snooped() { ctl "$1" filter | python3 -c 'import json,sys; print(json.load(sys.stdin)["ports"][0]["snooped_groups"])'; }
-console() { tr -d '\r' <"$RUN_DIR/g.log"; }
+console() { tr -d '\r' <"$RUN_DIR/${1:-g}.log"; }
 
 start_daemon d1 "$ns" "${daemon_args[@]}"
 tap_up
@@ -94,24 +103,60 @@ log "groups the guest's announce lost and the audit after it found: $added"
 printf 'REPORT announce: %s groups snooped again %s s after ctl announce (daemon restarted; %s lost by the guest, found by the audit; %s)\n' \
     "$gcount" "$took" "$added" "$(cat "$GUEST_DIR/kernel-package")" | tee -a "$RUN_DIR/../reports.txt"
 
+# link_phase DAEMON GUEST: (2) on that daemon's port 0 and that guest.
+link_phase() {
+    local d=$1 g=$2
+    send 7078 1 16
+    ctl "$d" link 0 down >/dev/null
+    wait_console "$g" "VNIC-CARRIER 0" 60 || exit 1
+    log "ok: $g's carrier went down"
+    [[ $g == g3 ]] && expect_eq "device: the link as served (ctl filter)" "$(status)" "False False"
+    send 7080 20 64 200
+    sleep 1
+    ctl "$d" link 0 up >/dev/null
+    wait_console "$g" "VNIC-UP " 60 || exit 1
+    expect_eq "$g: datagrams that reached the guest while its link was down" \
+        "$(console "$g" | grep -a -o 'udp_while_down=[0-9]*' | cut -d= -f2)" 0
+    for _ in $(seq 60); do
+        console "$g" | grep -q -a "VNIC-BACK" && break
+        send 7079 1 16
+        sleep 0.5
+    done
+    expect_eq "$g: after the link came up, the guest receives again" \
+        "$(console "$g" | grep -a 'VNIC-BACK' | awk '{print $3}')" 1
+    send 7077 1 16
+    wait_guest "$g"
+}
+
 # --- (2) link down and up -------------------------------------------------------------------
-send 7078 1 16
-ctl d2 link 0 down >/dev/null
-wait_console g "VNIC-CARRIER 0" 60 || exit 1
-log "ok: the guest's carrier went down"
-send 7080 20 64 200
-sleep 1
-ctl d2 link 0 up >/dev/null
-wait_console g "VNIC-UP " 60 || exit 1
-expect_eq "datagrams that reached the guest while its link was down" \
-    "$(console | grep -a -o 'udp_while_down=[0-9]*' | cut -d= -f2)" 0
-for _ in $(seq 60); do
-    console | grep -q -a "VNIC-BACK" && break
-    send 7079 1 16
-    sleep 0.5
-done
-expect_eq "after the link came up: the guest receives again" \
-    "$(console | grep -a 'VNIC-BACK' | awk '{print $3}')" 1
-send 7077 1 16
-wait_guest g
+link_phase d2 g
 stop_daemon d2
+
+# --- (3) the device attachment ------------------------------------------------------------
+ns=vnic-an3-$$
+make_netns "$ns"
+start_daemon d3 "$ns" --socket "$RUN_DIR/p3.sock" --tap vtap0
+tap_up
+start_guest g3 device p3.sock announce-dev 1 52:54:00:d0:aa:01
+wait_console g3 "VNIC-HELD " "$GUEST_TIMEOUT" || exit 1
+acks=$(daemon_counter d3 0 ctrl_commands)
+errors=$(daemon_counter d3 0 ctrl_errors)
+ctl d3 capture 0 "$RUN_DIR/announce3.pcapng" --direction tx --seconds 4 2>/dev/null &
+capture=$!
+PIDS+=("$capture")
+sleep 0.5
+ctl d3 announce 0 >/dev/null
+wait "$capture"
+# A gratuitous ARP names the guest as both sender and target.
+expect_ge "device: gratuitous ARPs the guest sent on the announce" \
+    "$(tcpdump -nr "$RUN_DIR/announce3.pcapng" 'arp and arp[14:4] = arp[24:4]' 2>/dev/null | wc -l)" 1
+expect_ge "device: IGMP reports the guest sent on the announce" \
+    "$(tcpdump -nr "$RUN_DIR/announce3.pcapng" igmp 2>/dev/null | wc -l)" 1
+# The driver acked the announce on its control queue, which cleared the status bit.
+status() { ctl d3 filter | python3 -c 'import json,sys; p=json.load(sys.stdin)["ports"][0]; print(p["link_up"], p["announcing"])'; }
+expect_eq "device: link up, announce acked (ctl filter)" "$(status)" "True False"
+expect_ge "device: control commands (the driver's ANNOUNCE_ACK)" "$(daemon_counter d3 0 ctrl_commands)" $((acks + 1))
+expect_eq "device: control commands refused" "$(daemon_counter d3 0 ctrl_errors)" "$errors"
+link_phase d3 g3
+stop_daemon d3
+

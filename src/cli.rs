@@ -277,12 +277,13 @@ pub enum CtlCommand {
         #[command(subcommand)]
         op: RouteOp,
     },
-    /// Tells a guest to announce itself again, through QEMU (--qmp, net attachment): Linux
-    /// then sends its gratuitous ARP and reports every multicast group again. Without a
-    /// port, every port with --qmp.
+    /// Tells a guest to announce itself again: Linux then sends its gratuitous ARP and
+    /// reports every multicast group again. The port tells it in the device attachment,
+    /// QEMU over --qmp in the net attachment. Without a port, every port that can.
     Announce { port: Option<usize> },
-    /// Takes a guest port's link down or brings it up, through QEMU (--qmp, net
-    /// attachment): the guest's carrier follows, and nothing moves while it is down.
+    /// Takes a guest port's link down or brings it up (device attachment: the port itself;
+    /// net attachment: QEMU over --qmp): the guest's carrier follows, and nothing is
+    /// delivered to it while it is down.
     Link { port: usize, state: LinkState },
     /// Says which guest CPUs send on each queue of a guest port (the guest's XPS map,
     /// /sys/class/net/IF/queues/tx-N/xps_cpus), e.g. 0=0 1=1 2=2-3: ctl stats and ctl

@@ -408,6 +408,7 @@ fn guest_port(
     let net = NetConfig {
         mac,
         link_up: true,
+        announce: false,
         max_queue_pairs: cfg.queue_pairs,
         mtu: cfg.mtu,
     };

@@ -1038,7 +1038,10 @@ fn ctl_announce_and_link_go_to_qemu_through_qmp() {
     );
 
     let (ok, _, err) = ctl(&ctlp, &["announce", "0"]);
-    assert!(!ok && err.contains("port 0 has no --qmp"), "{err}");
+    assert!(
+        !ok && err.contains("port 0 has no driver attached, and no --qmp"),
+        "{err}"
+    );
     let (ok, _, err) = ctl(&ctlp, &["link", "7", "down"]);
     assert!(!ok && err.contains("port 7 does not exist (2 ports)"), "{err}");
     let (ok, _, err) = ctl(&ctlp, &["link", "1", "sideways"]);

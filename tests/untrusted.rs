@@ -30,8 +30,10 @@ const SET_BACKEND_REQ_FD: u32 = FrontendReq::SET_BACKEND_REQ_FD as u32;
 const RESET_DEVICE: u32 = FrontendReq::RESET_DEVICE as u32;
 const MEM_SLOTS: u64 = VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits();
 /// What the daemon offers: MQ, REPLY_ACK, CONFIG.
-const OFFERED: u64 =
-    VhostUserProtocolFeatures::MQ.bits() | REPLY_ACK | VhostUserProtocolFeatures::CONFIG.bits();
+const OFFERED: u64 = VhostUserProtocolFeatures::MQ.bits()
+    | REPLY_ACK
+    | VhostUserProtocolFeatures::CONFIG.bits()
+    | VhostUserProtocolFeatures::BACKEND_REQ.bits();
 
 /// Sends `sig` to the daemon.
 fn signal(d: &Daemon, sig: i32) {
@@ -90,7 +92,7 @@ fn only_what_was_offered_is_served() {
     let mut r = Raw::connect(d.sock());
     r.send(&msg(SET_OWNER, 1, &[]), &[]);
     r.send(&msg(SET_PROTOCOL_FEATURES, 1, &OFFERED.to_le_bytes()), &[]);
-    let (sock, _peer) = UnixStream::pair().unwrap();
+    let efd = EventFd::new(0).unwrap();
     let failures = [
         (
             SET_PROTOCOL_FEATURES,
@@ -101,7 +103,8 @@ fn only_what_was_offered_is_served() {
         (SET_VRING_NUM, state(0, 3), None),
         (SET_VRING_ENABLE, state(1000, 1), None),
         (RESET_DEVICE, Vec::new(), None),
-        (SET_BACKEND_REQ_FD, Vec::new(), Some(sock.as_raw_fd())),
+        // The config-change channel must be a socket.
+        (SET_BACKEND_REQ_FD, Vec::new(), Some(efd.as_raw_fd())),
     ];
     for (req, body, fd) in &failures {
         let fds: Vec<i32> = fd.iter().copied().collect();

@@ -611,6 +611,8 @@ mod tests {
                 rss: None,
                 hash_report: false,
                 vlans: None,
+                link_up: true,
+                announcing: false,
             }],
         }
     }

@@ -22,9 +22,11 @@ use super::bounded::{self, Framed, Limits, ReadError};
 use super::capture::{self, CaptureAsk, CaptureError};
 use super::qmp_link::{QmpLink, ANSWER_WAIT};
 use super::view::{self, Daemon, PortRef};
+use crate::device::features::Attachment;
 use crate::pipeline::csum_action::CsumAction;
 use crate::pipeline::router::Route;
 use crate::pipeline::rules::{NamesPort, Rules, MAX_ACTIONS, MAX_ROUTES};
+use crate::ports::vhost_user::GuestPort;
 use crate::stop::{Stop, Stoppable};
 use crate::unix_socket::{self, Bound, Claim, SocketAccess, SocketError};
 
@@ -183,42 +185,89 @@ fn edit_routes(d: &Daemon, add: bool, arg: Option<&str>) -> Result<serde_json::V
     reply(r, || view::routes(&d.switch))
 }
 
-/// The `--qmp` connection of guest port `arg` (a number).
-fn qmp_link<'a>(d: &'a Daemon, arg: &str) -> Result<(usize, &'a QmpLink), String> {
-    let p: usize = arg.parse().map_err(|e| format!("bad port {arg:?}: {e}"))?;
-    match d.ports.get(p) {
-        None => Err(format!("port {p} does not exist ({} ports)", d.ports.len())),
-        Some(PortRef::Tap(_)) => Err(format!("port {p} is the tap: there is no guest to tell")),
-        Some(PortRef::Guest(_)) => d.qmp.get(&p).map(|l| (p, &**l)).ok_or_else(|| {
-            format!(
-                "port {p} has no --qmp: the guest hears of an announce or a link change through \
-                 QEMU's virtio-net, so start the daemon with --qmp PATH,port={p} (net attachment; \
-                 the device attachment cannot raise the config interrupt, \
-                 docs/running-with-qemu.md)"
-            )
-        }),
+/// Who tells a guest port's driver of an announce or a link change.
+enum Teller<'a> {
+    /// QEMU's virtio-net, over `--qmp` (net attachment).
+    Qmp(&'a QmpLink),
+    /// The port itself, over the frontend's config-change channel (device attachment).
+    Port(&'a GuestPort),
+}
+
+impl Teller<'_> {
+    fn announce(&self) -> Result<(), String> {
+        match self {
+            Teller::Qmp(l) => l
+                .announce(ANSWER_WAIT)
+                .map_err(|e| crate::logging::error_chain(&e)),
+            Teller::Port(g) => g.announce().map_err(|e| crate::logging::error_chain(&e)),
+        }
+    }
+
+    fn set_link(&self, up: bool) -> Result<(), String> {
+        match self {
+            Teller::Qmp(l) => l
+                .set_link(up, ANSWER_WAIT)
+                .map_err(|e| crate::logging::error_chain(&e)),
+            Teller::Port(g) => g.set_link(up).map_err(|e| crate::logging::error_chain(&e)),
+        }
     }
 }
 
-/// `announce [PORT]`: QEMU's announce-self on one port, or on every port with `--qmp`.
-fn announce(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
-    let links: Vec<(usize, &QmpLink)> = match arg {
-        Some(a) => vec![qmp_link(d, a)?],
-        None if d.qmp.is_empty() => {
-            return Err("no port has --qmp: nothing can tell a guest to announce".into())
-        }
-        None => d.qmp.iter().map(|(p, l)| (*p, &**l)).collect(),
+/// Who tells port `p`'s driver: the port in the device attachment, where it serves the
+/// config space; QEMU over `--qmp` in the net attachment, where QEMU's virtio-net does.
+fn teller(d: &Daemon, p: usize) -> Result<Teller<'_>, String> {
+    let g = match d.ports.get(p) {
+        None => return Err(format!("port {p} does not exist ({} ports)", d.ports.len())),
+        Some(PortRef::Tap(_)) => return Err(format!("port {p} is the tap: there is no guest to tell")),
+        Some(PortRef::Guest(g)) => g,
     };
+    if g.attachment() == Some(Attachment::Device) {
+        return Ok(Teller::Port(g));
+    }
+    d.qmp
+        .get(&p)
+        .map(|l| Teller::Qmp(l))
+        .ok_or_else(|| match g.attachment() {
+            None => format!("port {p} has no driver attached, and no --qmp"),
+            Some(_) => format!(
+                "port {p} has no --qmp: in the net attachment the guest hears of an announce or a \
+             link change through QEMU's virtio-net, so start the daemon with --qmp PATH,port={p} \
+             (docs/running-with-qemu.md)"
+            ),
+        })
+}
+
+fn port_number(arg: &str) -> Result<usize, String> {
+    arg.trim().parse().map_err(|e| format!("bad port {arg:?}: {e}"))
+}
+
+/// `announce [PORT]`: one port's driver, or every guest port's that can be told.
+fn announce(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
+    let tellers: Vec<(usize, Teller<'_>)> = match arg {
+        Some(a) => {
+            let p = port_number(a)?;
+            vec![(p, teller(d, p)?)]
+        }
+        None => (0..d.ports.len())
+            .filter_map(|p| Some((p, teller(d, p).ok()?)))
+            .collect(),
+    };
+    if tellers.is_empty() {
+        return Err(
+            "no port can be told to announce: a device-attachment driver must be \
+                    attached, or a port must have --qmp"
+                .into(),
+        );
+    }
     let mut done = Vec::new();
-    for (p, link) in links {
-        link.announce(ANSWER_WAIT)
-            .map_err(|e| format!("port {p}: {}", crate::logging::error_chain(&e)))?;
+    for (p, t) in tellers {
+        t.announce().map_err(|e| format!("port {p}: {e}"))?;
         done.push(p);
     }
     Ok(serde_json::json!({ "announced": done }))
 }
 
-/// `link PORT up|down`: QEMU's set_link on that port's NIC.
+/// `link PORT up|down`.
 fn link(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
     let usage = "link needs PORT up|down";
     let (port, state) = arg.and_then(|a| a.split_once(' ')).ok_or(usage)?;
@@ -227,9 +276,8 @@ fn link(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
         "down" => false,
         other => return Err(format!("{usage}, not {other:?}")),
     };
-    let (p, l) = qmp_link(d, port.trim())?;
-    l.set_link(up, ANSWER_WAIT)
-        .map_err(|e| format!("port {p}: {}", crate::logging::error_chain(&e)))?;
+    let p = port_number(port)?;
+    teller(d, p)?.set_link(up).map_err(|e| format!("port {p}: {e}"))?;
     Ok(serde_json::json!({ "port": p, "link": if up { "up" } else { "down" } }))
 }
 

@@ -428,6 +428,11 @@ pub struct PortFilter {
     /// The VLAN IDs a driver that negotiated VIRTIO_NET_F_CTRL_VLAN added: a frame tagged
     /// with another is dropped (`rx_vlan_filtered`). `null`: every VLAN passes.
     pub vlans: Option<Vec<u16>>,
+    /// The config space's status as the port serves it (device attachment; in the net
+    /// attachment QEMU serves its own): `link_up` (`ctl link`), and `announcing` from `ctl
+    /// announce` until the driver's ANNOUNCE_ACK.
+    pub link_up: bool,
+    pub announcing: bool,
 }
 
 #[derive(Serialize)]
@@ -471,6 +476,8 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                     }),
                     hash_report: g.negotiated().hash_report(),
                     vlans: g.vlans(),
+                    link_up: g.config_now().link_up,
+                    announcing: g.config_now().announce,
                 })
             }
             PortRef::Tap(_) => None,

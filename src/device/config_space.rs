@@ -1,6 +1,6 @@
 //! The virtio-net config space served through VHOST_USER_GET_CONFIG.
 
-use virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP;
+use virtio_bindings::virtio_net::{VIRTIO_NET_S_ANNOUNCE, VIRTIO_NET_S_LINK_UP};
 
 use super::rss;
 use crate::wire::MacAddr;
@@ -13,6 +13,8 @@ pub const CONFIG_LEN: usize = 24;
 pub struct NetConfig {
     pub mac: MacAddr,
     pub link_up: bool,
+    /// VIRTIO_NET_S_ANNOUNCE: the driver is asked to announce itself (GUEST_ANNOUNCE).
+    pub announce: bool,
     pub max_queue_pairs: u16,
     pub mtu: u16,
 }
@@ -23,6 +25,10 @@ impl NetConfig {
         b[..6].copy_from_slice(&self.mac.0);
         let status = if self.link_up {
             VIRTIO_NET_S_LINK_UP as u16
+        } else {
+            0
+        } | if self.announce {
+            VIRTIO_NET_S_ANNOUNCE as u16
         } else {
             0
         };
@@ -85,6 +91,7 @@ mod tests {
         let c = NetConfig {
             mac: "52:54:00:12:34:56".parse().unwrap(),
             link_up: true,
+            announce: false,
             max_queue_pairs: 2,
             mtu: 1500,
         };
@@ -98,5 +105,12 @@ mod tests {
         assert_eq!(c.read(6, 2), vec![1, 0]);
         assert_eq!(c.read(20, 8), vec![0x3f, 0, 0, 0]);
         assert!(c.read(40, 4).is_empty());
+        // The status word: LINK_UP is bit 0, ANNOUNCE bit 1 (virtio 1.2, 5.1.4).
+        let down = NetConfig {
+            link_up: false,
+            announce: true,
+            ..c
+        };
+        assert_eq!(down.read(6, 2), vec![2, 0]);
     }
 }

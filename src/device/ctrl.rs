@@ -74,6 +74,9 @@ pub enum CtrlOutcome {
         vid: u16,
         allowed: bool,
     },
+    /// ANNOUNCE_ACK: the driver has announced itself; the device clears
+    /// VIRTIO_NET_S_ANNOUNCE (virtio 1.2, 5.1.6.5.4).
+    AnnounceAck,
 }
 
 /// One command `CtrlState::parse` accepted, borrowing the driver's bytes. `parse` decides
@@ -121,6 +124,7 @@ enum Cmd<'a> {
         vid: u16,
         allowed: bool,
     },
+    AnnounceAck,
 }
 
 /// Device-side state the control queue can change.
@@ -214,6 +218,11 @@ impl CtrlState {
                     allowed: c == VIRTIO_NET_CTRL_VLAN_ADD,
                 })
             }
+            (VIRTIO_NET_CTRL_ANNOUNCE, VIRTIO_NET_CTRL_ANNOUNCE_ACK) => {
+                h.need(feat.has(VIRTIO_NET_F_GUEST_ANNOUNCE))?;
+                h.exact(0)?;
+                Ok(Cmd::AnnounceAck)
+            }
             _ => Err(h.unknown()),
         }
     }
@@ -258,6 +267,7 @@ impl CtrlState {
                 CtrlOutcome::GuestOffloads(bits)
             }
             Cmd::Vlan { vid, allowed } => CtrlOutcome::Vlan { vid, allowed },
+            Cmd::AnnounceAck => CtrlOutcome::AnnounceAck,
         }
     }
 }
@@ -550,6 +560,26 @@ mod tests {
         };
         assert!(matches!(
             s.apply(&without, &[2, 0, 1, 0]),
+            Err(CtrlError::NotNegotiated { .. })
+        ));
+    }
+
+    /// ANNOUNCE_ACK: no data, with GUEST_ANNOUNCE acked.
+    #[test]
+    fn announce_ack() {
+        let f = all_features();
+        let mut s = state();
+        assert_eq!(s.apply(&f, &[3, 0]), Ok(CtrlOutcome::AnnounceAck));
+        assert!(matches!(
+            s.apply(&f, &[3, 0, 1]),
+            Err(CtrlError::BadLength { .. })
+        ));
+        assert!(matches!(s.apply(&f, &[3, 1]), Err(CtrlError::Unknown { .. })));
+        let without = Negotiated {
+            bits: f.bits & !(1 << VIRTIO_NET_F_GUEST_ANNOUNCE),
+        };
+        assert!(matches!(
+            s.apply(&without, &[3, 0]),
             Err(CtrlError::NotNegotiated { .. })
         ));
     }

@@ -40,10 +40,10 @@ pub fn offered(queue_pairs: u16) -> u64 {
         // A VLAN table beside the address filter (device::filter::vlan); in the net
         // attachment QEMU answers the command itself and keeps its own table.
         | bit(VIRTIO_NET_F_CTRL_VLAN)
-        // Lets QEMU's virtio-net (net attachment) ask the driver to announce itself
-        // (`ctl announce`, QMP announce-self); QEMU answers ANNOUNCE_ACK itself. The device
-        // attachment never sets VIRTIO_NET_S_ANNOUNCE: vhost 0.18 cannot send the
-        // config-change message that would tell the driver (docs/running-with-qemu.md).
+        // Lets the driver be asked to announce itself (`ctl announce`): by QEMU's virtio-net
+        // in the net attachment (QMP announce-self; QEMU answers ANNOUNCE_ACK itself), by
+        // the port in the device attachment (VIRTIO_NET_S_ANNOUNCE and a config-change
+        // message, ports/vhost_user/config_change.rs; the control queue takes the ack).
         | bit(VIRTIO_NET_F_GUEST_ANNOUNCE)
         // Segmentation offload both ways: guests may send TSO/USO frames; guests that take
         // them get them whole, the others get segments cut by pipeline::gso.

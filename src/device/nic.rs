@@ -171,7 +171,7 @@ impl NicState {
                 self.steering
                     .publish(Steering::from_config(c.clone(), self.ctrl.active_queue_pairs));
             }
-            CtrlOutcome::GuestOffloads(_) => {}
+            CtrlOutcome::GuestOffloads(_) | CtrlOutcome::AnnounceAck => {}
             CtrlOutcome::Vlan { vid, allowed } => self.filter.regs().vlan().set(*vid, *allowed),
         }
         self.publish(matches!(outcome, CtrlOutcome::MacTable));

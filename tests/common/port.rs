@@ -28,6 +28,7 @@ pub fn serve_port(switch: &Arc<Switch>, id: usize, path: &Path, opts: PortOpts) 
     let cfg = NetConfig {
         mac: format!("52:54:00:d0:aa:{:02x}", id + 1).parse().unwrap(),
         link_up: true,
+        announce: false,
         max_queue_pairs: 1,
         mtu: 1500,
     };

@@ -290,8 +290,10 @@ impl CtrlQueue<'_> {
     /// receive side reads. One place for commands applied before their answer and after it.
     fn applied(&self, outcome: CtrlOutcome) {
         debug!("port {}: control command applied: {outcome:?}", self.port.id);
-        if let CtrlOutcome::GuestOffloads(bits) = outcome {
-            self.port.set_guest_offloads(bits);
+        match outcome {
+            CtrlOutcome::GuestOffloads(bits) => self.port.set_guest_offloads(bits),
+            CtrlOutcome::AnnounceAck => self.port.announce_acked(),
+            _ => {}
         }
     }
 

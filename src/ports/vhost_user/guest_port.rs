@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use log::{trace, warn};
 
+use super::config_change::{ConfigChangeError, LiveStatus};
 use super::health::Health;
 use super::rx::{RxPath, RxSide};
 use super::split_ring::{BrokenRings, Mem, Vring};
@@ -32,6 +33,7 @@ use crate::stop::{Current, Stop};
 use crate::unix_socket::{self, Bound, SocketAccess, SocketError};
 use crate::wire::mcast_report::{self, maybe_report};
 use crate::wire::VirtioNetHdr;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_GUEST_ANNOUNCE;
 
 /// Whether a port learns multicast groups from its guest's IGMP/MLD reports (`--snoop`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,6 +63,8 @@ pub struct GuestPort {
     pub socket: PathBuf,
     pub queue_pairs: u16,
     pub config: NetConfig,
+    /// The link and announce bits of config space, and the channel that says they changed.
+    status: LiveStatus,
     pub ctrl_stats: CtrlStats,
     /// What went wrong on this port: counters, warnings, contained bugs.
     pub health: Health,
@@ -124,12 +128,14 @@ impl GuestPort {
             path: ArcSwapOption::empty(),
             offloads: AtomicU64::new(0),
             snooping: snooper.is_some(),
+            link_up: AtomicBool::new(true),
         };
         GuestPort {
             id,
             socket,
             queue_pairs,
             config,
+            status: LiveStatus::default(),
             ctrl_stats: CtrlStats::default(),
             health: Health::new(id),
             nic_view: nic.view_cell(),
@@ -210,6 +216,39 @@ impl GuestPort {
 
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The config space as served now: the fixed part, with the link and announce bits.
+    pub fn config_now(&self) -> NetConfig {
+        NetConfig {
+            link_up: self.status.link_up(),
+            announce: self.status.announcing(),
+            ..self.config
+        }
+    }
+
+    /// Device attachment: takes the link down or brings it up and tells the frontend; a
+    /// guest whose link is down is delivered nothing.
+    pub fn set_link(&self, up: bool) -> Result<(), ConfigChangeError> {
+        self.rx.link_up.store(up, Ordering::Relaxed);
+        self.status.set_link(up)
+    }
+
+    /// Device attachment: asks the driver to announce itself (VIRTIO_NET_S_ANNOUNCE): Linux
+    /// sends a gratuitous ARP and reports its groups again, then acks on the control queue.
+    pub fn announce(&self) -> Result<(), ConfigChangeError> {
+        self.status
+            .announce(self.negotiated().has(VIRTIO_NET_F_GUEST_ANNOUNCE))
+    }
+
+    /// The driver's ANNOUNCE_ACK.
+    pub(super) fn announce_acked(&self) {
+        self.status.announce_done();
+    }
+
+    /// The frontend's channel for config changes (relay.rs keeps it for the port).
+    pub(super) fn set_backend_channel(&self, channel: UnixStream) {
+        self.status.set_channel(Some(channel));
     }
 
     /// The attachment the current driver uses, as far as its features tell.
@@ -330,6 +369,7 @@ impl GuestPort {
             self.snooped_groups.store(0, Ordering::Relaxed);
         }
         self.lock_ctrl().reset(self.config.mac);
+        self.status.announce_done();
         // Empty, deciding or not as the features in force say (none once detached).
         self.rx.regs.vlan().reset(self.negotiated().ctrl_vlan());
     }
@@ -338,6 +378,7 @@ impl GuestPort {
     /// from a reset device.
     pub(super) fn detach(&self) {
         self.frontend.clear();
+        self.status.set_channel(None);
         self.rx.path.store(None);
         self.source_lock.open();
         self.lock_ctrl().set_mac_lock(None);

@@ -43,6 +43,10 @@ pub enum FdError {
     /// kick with a count of 2^64-2 would wake its worker that many times.
     #[error("the kick eventfd is in semaphore mode (EFD_SEMAPHORE): each kick must be one read")]
     Semaphore,
+    #[error("the backend channel is not a socket ({found})")]
+    NotSocket { found: String },
+    #[error("the backend channel came without a descriptor")]
+    NoChannel,
     #[error("making the {what} eventfd non-blocking")]
     NonBlocking {
         what: &'static str,
@@ -105,6 +109,18 @@ fn check_region(index: usize, file: &File, offset: u64, size: u64) -> Result<(),
 }
 
 /// Makes sure `file` is an eventfd and that nothing done with it can block.
+/// SET_BACKEND_REQ_FD's descriptor: a socket the port writes its few messages on, with a
+/// write timeout, so a frontend that stops reading holds nothing.
+pub fn vet_socket(file: &File) -> Result<(), FdError> {
+    let found = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|e| format!("unreadable: {e}"));
+    if !found.starts_with("socket:") {
+        return Err(FdError::NotSocket { found });
+    }
+    Ok(())
+}
+
 pub fn vet_eventfd(file: &File, what: &'static str) -> Result<(), FdError> {
     let link = format!("/proc/self/fd/{}", file.as_raw_fd());
     let found = std::fs::read_link(&link)

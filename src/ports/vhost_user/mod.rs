@@ -7,13 +7,15 @@
 //!   the frames to the switch (pipeline/switch.rs), whose outbox writes them out;
 //! - `rx` and `rx_chain`: a receiving port admits a frame (its filter) and writes it into
 //!   its guest's buffers, a run per queue, one interrupt check per run;
-//! - `ctrl_queue`: the control queue (device attachment);
+//! - `ctrl_queue`: the control queue (device attachment); `config_change`: the config
+//!   space's link and announce bits, and the message that tells the frontend;
 //! - `guest_port`: what a port keeps while frontends come and go; `connection` serves them
 //!   one after another, `session` is one connection's vhost-user backend, `relay` passes
 //!   its messages to vhost-user-backend's handler;
 //! - `health`, `budget`, `memcheck`, `sigbus`: what the rest leans on.
 
 mod budget;
+mod config_change;
 mod connection;
 mod ctrl_queue;
 mod guest_port;
@@ -29,6 +31,7 @@ pub mod split_ring;
 mod tx;
 pub mod tx_chain;
 
+pub use config_change::ConfigChangeError;
 pub use connection::{serve, serve_as_client, ConnectionError, CLIENT_RETRY};
 pub use ctrl_queue::{pop_ctrl, CtrlChain, PoppedCtrl};
 pub use guest_port::{FilterConfig, GuestPort, Snooping};

@@ -21,10 +21,11 @@ pub const MAX_REGIONS: usize = 8;
 /// (12); per worker thread (`pairs` + 1) an epoll set, its enable event, and the session's
 /// attach, again and exit events (8); per queue (2 `pairs` + 1) a kick, a call and an
 /// error eventfd, each possibly twice while the frontend replaces it (6); the memory table
-/// twice while it is replaced; and one message's descriptors in flight in the relay.
+/// twice while it is replaced; the channel for config changes, twice while it is
+/// replaced (2); and one message's descriptors in flight in the relay.
 pub fn descriptors(pairs: u64) -> u64 {
     let in_flight = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES as u64;
-    12 + 8 * (pairs + 1) + 6 * (2 * pairs + 1) + 2 * MAX_REGIONS as u64 + in_flight
+    14 + 8 * (pairs + 1) + 6 * (2 * pairs + 1) + 2 * MAX_REGIONS as u64 + in_flight
 }
 
 /// What the port offers a frontend.
@@ -68,10 +69,13 @@ pub struct Policy {
 }
 
 /// The protocol features every port offers: several queue pairs, an answer to each request
-/// that asks for one, and the config space (MAC, status, MTU) read through GET_CONFIG.
+/// that asks for one, the config space (MAC, status, MTU) read through GET_CONFIG, and a
+/// channel to the frontend on which the port says that config space changed (the link, an
+/// announce: the relay keeps that channel, relay.rs).
 pub const PROTOCOL: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
-    .union(VhostUserProtocolFeatures::CONFIG);
+    .union(VhostUserProtocolFeatures::CONFIG)
+    .union(VhostUserProtocolFeatures::BACKEND_REQ);
 
 /// A request's name as vhost-user spells it (`SET_MEM_TABLE`), or its number.
 pub fn request_name(code: u32) -> String {
@@ -160,6 +164,9 @@ impl Policy {
             FrontendReq::GET_CONFIG | FrontendReq::SET_CONFIG => {
                 self.needs(VhostUserProtocolFeatures::CONFIG, "CONFIG")
             }
+            FrontendReq::SET_BACKEND_REQ_FD => {
+                self.needs(VhostUserProtocolFeatures::BACKEND_REQ, "BACKEND_REQ")
+            }
             _ => Err(PolicyError::NotServed),
         }
     }
@@ -213,7 +220,12 @@ impl Policy {
 mod tests {
     use super::*;
 
-    const PROTOCOL: u64 = 0x1 | 0x8 | 0x200; // MQ, REPLY_ACK, CONFIG
+    const PROTOCOL: u64 = 0x1 | 0x8 | 0x20 | 0x200; // MQ, REPLY_ACK, BACKEND_REQ, CONFIG
+
+    #[test]
+    fn the_test_offer_is_the_ports() {
+        assert_eq!(PROTOCOL, super::PROTOCOL.bits());
+    }
 
     fn policy() -> Policy {
         Policy::new(Offer {
@@ -259,7 +271,6 @@ mod tests {
             FrontendReq::GET_MAX_MEM_SLOTS,
             FrontendReq::ADD_MEM_REG,
             FrontendReq::REM_MEM_REG,
-            FrontendReq::SET_BACKEND_REQ_FD,
             FrontendReq::RESET_DEVICE,
             FrontendReq::SET_LOG_BASE,
         ] {
@@ -269,7 +280,14 @@ mod tests {
             );
         }
         assert!(matches!(p.check(999, &[]), Err(PolicyError::NotServed)));
-        // GET_CONFIG only once CONFIG was negotiated.
+        // GET_CONFIG and the backend channel only once negotiated.
+        assert!(matches!(
+            p.check(req(FrontendReq::SET_BACKEND_REQ_FD), &[0; 8]),
+            Err(PolicyError::NotNegotiated {
+                feature: "BACKEND_REQ",
+                ..
+            })
+        ));
         assert!(matches!(
             p.check(req(FrontendReq::GET_CONFIG), &[0; 12]),
             Err(PolicyError::NotNegotiated {
@@ -283,6 +301,7 @@ mod tests {
         );
         assert!(p.reply_ack());
         assert_eq!(p.check(req(FrontendReq::GET_CONFIG), &[0; 12]), Ok(()));
+        assert_eq!(p.check(req(FrontendReq::SET_BACKEND_REQ_FD), &[0; 8]), Ok(()));
         // A failure ack only where a status is the answer the frontend waits for.
         assert!(p.may_fail_ack(req(FrontendReq::ADD_MEM_REG), true));
         assert!(!p.may_fail_ack(req(FrontendReq::ADD_MEM_REG), false));

@@ -5,8 +5,10 @@
 //! rejects that as an inactive feature and drops the connection. Not offering the bit makes
 //! QEMU fall back to a path that silently loses traffic. The relay holds such early enables
 //! back (acking them itself when the frontend asked for a reply) and replays them, in order,
-//! right after SET_FEATURES. Every other message, with its file descriptors, passes through
-//! unchanged, so the released crates serve both attachments unmodified. The data path does
+//! right after SET_FEATURES. It also keeps SET_BACKEND_REQ_FD's channel for the port
+//! (config_change.rs): vhost 0.18 cannot send a config change on it. Every other message,
+//! with its file descriptors, passes through unchanged, so the released crates serve both
+//! attachments unmodified. The data path does
 //! not go through here: vrings live in shared memory and kicks/calls are eventfds.
 //!
 //! The relay is also the only place that sees when the frontend waits on the backend. QEMU
@@ -50,6 +52,7 @@ const REQ_SET_VRING_CALL: u32 = FrontendReq::SET_VRING_CALL as u32;
 const REQ_SET_VRING_ERR: u32 = FrontendReq::SET_VRING_ERR as u32;
 const REQ_SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 const REQ_ADD_MEM_REG: u32 = FrontendReq::ADD_MEM_REG as u32;
+const REQ_SET_BACKEND_REQ_FD: u32 = FrontendReq::SET_BACKEND_REQ_FD as u32;
 const FLAG_VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = VhostUserHeaderFlag::REPLY.bits();
 const FLAG_NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
@@ -70,6 +73,9 @@ pub trait RelayWatch: Send + Sync {
     fn ring_reset(&self, index: u32);
     /// The relay refused a message: answered with an error, or the connection ends.
     fn refused(&self, why: &RelayError);
+    /// The frontend's channel for the port's own messages (SET_BACKEND_REQ_FD): the relay
+    /// keeps it from the request handler, so the port is its only writer.
+    fn backend_channel(&self, channel: UnixStream);
 }
 
 #[derive(Debug, Error)]
@@ -152,6 +158,10 @@ impl Msg {
             // Both bodies put their first region at byte 8 (after a count and padding, or
             // padding alone).
             REQ_SET_MEM_TABLE | REQ_ADD_MEM_REG => memcheck::check_regions(&self.body, 8, &self.fds),
+            REQ_SET_BACKEND_REQ_FD => match self.fds.first() {
+                Some(f) => memcheck::vet_socket(f),
+                None => Err(FdError::NoChannel),
+            },
             r @ (REQ_SET_VRING_KICK | REQ_SET_VRING_CALL | REQ_SET_VRING_ERR) => {
                 let what = match r {
                     REQ_SET_VRING_KICK => "kick",
@@ -178,6 +188,9 @@ impl Msg {
         (self.request() == REQ_SET_VRING_ENABLE && word(1)? == 1).then_some(word(0)?)
     }
 }
+
+/// How long a write on the backend channel may wait for the frontend to read.
+pub const CHANNEL_WRITE: Duration = Duration::from_secs(1);
 
 /// Ring index + 1 of the enable waiting for its acknowledgement; 0 for none.
 type Awaiting = Arc<AtomicU64>;
@@ -443,6 +456,9 @@ impl Down<'_> {
         if !self.features_set && req == REQ_SET_VRING_ENABLE {
             return self.hold(m);
         }
+        if req == REQ_SET_BACKEND_REQ_FD {
+            return self.keep_channel(m);
+        }
         if let Some(i) = m.ring_programmed() {
             self.watch.ring_reset(i);
         }
@@ -464,6 +480,23 @@ impl Down<'_> {
             }
         }
         m.fds.clear();
+        Ok(())
+    }
+
+    /// SET_BACKEND_REQ_FD: its socket goes to the port, with a write timeout; the request
+    /// handler never sees it. Acked here if the frontend waits.
+    fn keep_channel(&mut self, mut m: Msg) -> Result<(), RelayError> {
+        if let Some(f) = m.fds.pop() {
+            let channel = UnixStream::from(std::os::fd::OwnedFd::from(f));
+            channel
+                .set_write_timeout(Some(CHANNEL_WRITE))
+                .map_err(RelayError::Io)?;
+            self.watch.backend_channel(channel);
+        }
+        if m.flags() & FLAG_NEED_REPLY != 0 && self.policy.reply_ack() {
+            let w = crate::sync::lock(self.fe_writer);
+            send_msg(&w, &ack(m.request(), 0))?;
+        }
         Ok(())
     }
 
@@ -567,7 +600,7 @@ mod tests {
 
     /// Records what the relay told it, in order.
     #[derive(Default)]
-    struct Log(Mutex<Vec<(&'static str, u32)>>);
+    struct Log(Mutex<Vec<(&'static str, u32)>>, Mutex<Option<UnixStream>>);
 
     impl RelayWatch for Log {
         fn enabling(&self, index: u32) {
@@ -585,6 +618,10 @@ mod tests {
                 _ => 0,
             };
             self.0.lock().unwrap().push(("refused", request));
+        }
+        fn backend_channel(&self, channel: UnixStream) {
+            self.0.lock().unwrap().push(("channel", 0));
+            *self.1.lock().unwrap() = Some(channel);
         }
     }
 
@@ -647,6 +684,45 @@ mod tests {
             )
         );
         assert_eq!(log.seen()[2..], [("refused", 0)]);
+        relay.stop();
+    }
+
+    /// SET_BACKEND_REQ_FD's socket goes to the port, acked by the relay, and the handler
+    /// never sees it; what is not a socket is refused.
+    #[test]
+    fn the_backend_channel_is_kept_for_the_port() {
+        let (qemu, fe) = UnixStream::pair().unwrap();
+        let (be, mut handler) = UnixStream::pair().unwrap();
+        let log = Arc::new(Log::default());
+        let relay = Relay::spawn("t", fe, be, log.clone(), limits()).unwrap();
+        let mut q = &qemu;
+        let protocol = crate::ports::vhost_user::policy::PROTOCOL.bits().to_le_bytes();
+        q.write_all(&msg(REQ_SET_PROTOCOL_FEATURES, 1, &protocol))
+            .unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_PROTOCOL_FEATURES);
+        let (mut frontend_end, port_end) = UnixStream::pair().unwrap();
+        let m = msg(REQ_SET_BACKEND_REQ_FD, 1 | FLAG_NEED_REPLY, &[]);
+        qemu.send_with_fds(&[&m[..]], &[port_end.as_raw_fd()]).unwrap();
+        drop(port_end);
+        let mut answer = qemu.try_clone().unwrap();
+        assert_eq!(
+            read_msg(&mut answer),
+            (REQ_SET_BACKEND_REQ_FD, FLAG_VERSION | FLAG_REPLY, vec![0; 8])
+        );
+        assert_eq!(log.seen(), [("channel", 0)]);
+        let mut channel = log.1.lock().unwrap().take().unwrap();
+        channel.write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        frontend_end.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hi");
+        // An eventfd is no channel: refused with a failure, and still the handler sees
+        // nothing.
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        qemu.send_with_fds(&[&m[..]], &[efd.as_raw_fd()]).unwrap();
+        assert_eq!(read_msg(&mut answer).2, 1u64.to_le_bytes().to_vec());
+        assert_eq!(log.seen()[1], ("refused", REQ_SET_BACKEND_REQ_FD));
+        q.write_all(&msg(REQ_SET_FEATURES, 1, &[0; 8])).unwrap();
+        assert_eq!(read_msg(&mut handler).0, REQ_SET_FEATURES);
         relay.stop();
     }
 

@@ -5,7 +5,7 @@
 //! written under one hold of its lock, published once, with one interrupt check.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -58,6 +58,9 @@ pub(super) struct RxSide {
     pub(super) offloads: AtomicU64,
     /// `--snoop`: reports from other ports are kept from this guest.
     pub(super) snooping: bool,
+    /// The link as `ctl link` set it (device attachment): while it is down the guest is
+    /// delivered nothing, as if no driver were attached.
+    pub(super) link_up: AtomicBool,
 }
 
 /// The filter's verdict, carried from the admission to the write.
@@ -139,8 +142,8 @@ impl RxSide {
         segment: &mut Vec<u8>,
     ) -> usize {
         let guard = self.path.load();
-        let Some(rx) = guard.as_ref() else {
-            // No driver attached: nothing to write into.
+        let Some(rx) = guard.as_ref().filter(|_| self.link_up.load(Ordering::Relaxed)) else {
+            // No driver attached, or its link is down: nothing to write into.
             while let Some(f) = frames.next() {
                 tally.at(health.id, f.flow).rx_dropped.inc();
             }
@@ -178,7 +181,7 @@ impl RxSide {
     ) -> Option<usize> {
         let guard = self.path.load();
         let rx = guard.as_ref()?;
-        if rx.vrings.len() != 1 || rx.feat.hash_report() {
+        if rx.vrings.len() != 1 || rx.feat.hash_report() || !self.link_up.load(Ordering::Relaxed) {
             return None;
         }
         let steering = self.steering.load();

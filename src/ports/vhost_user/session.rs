@@ -415,7 +415,7 @@ impl VhostUserBackend for VnicBackend {
                 warn!("port {}: {advice}", port.id);
             }
         }
-        port.config.read(offset, size)
+        port.config_now().read(offset, size)
     }
 
     fn update_memory(&self, _mem: Mem) -> io::Result<()> {
@@ -557,5 +557,14 @@ impl RelayWatch for VnicBackend {
         if port.health.may_warn() {
             warn!("port {}: frontend message refused: {}", port.id, error_chain(why));
         }
+    }
+
+    /// The frontend's channel for config changes (`ctl link`, `ctl announce`).
+    fn backend_channel(&self, channel: UnixStream) {
+        debug!(
+            "port {}: the frontend gave a channel for config changes",
+            self.0.port.id
+        );
+        self.0.port.set_backend_channel(channel);
     }
 }
