@@ -286,7 +286,7 @@ fn link(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
 fn queue_cpus(d: &Daemon, arg: Option<&str>) -> Result<serde_json::Value, String> {
     let mut words = arg.unwrap_or("").split_whitespace();
     let port = words.next().ok_or("queue-cpus needs PORT [QUEUE=CPUS...]")?;
-    let p: usize = port.parse().map_err(|e| format!("bad port {port:?}: {e}"))?;
+    let p = port_number(port)?;
     let queues = match d.ports.get(p) {
         None => return Err(format!("port {p} does not exist ({} ports)", d.ports.len())),
         Some(PortRef::Tap(_)) => return Err(format!("port {p} is the tap: no guest CPU sends on it")),

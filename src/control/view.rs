@@ -457,6 +457,7 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
         .filter_map(|p| match p {
             PortRef::Guest(g) => {
                 let n = g.nic_view();
+                let status = g.config_now();
                 Some(PortFilter {
                     id: g.id,
                     name: g.socket.display().to_string(),
@@ -476,8 +477,8 @@ pub fn filter(ports: &[PortRef]) -> FilterView {
                     }),
                     hash_report: g.negotiated().hash_report(),
                     vlans: g.vlans(),
-                    link_up: g.config_now().link_up,
-                    announcing: g.config_now().announce,
+                    link_up: status.link_up,
+                    announcing: status.announce,
                 })
             }
             PortRef::Tap(_) => None,
