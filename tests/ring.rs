@@ -8,10 +8,13 @@
 
 use dpaa_vnic::pipeline::BurstFrame;
 use dpaa_vnic::ports::vhost_user::rx_chain::{RxError, RxRun};
-use dpaa_vnic::ports::vhost_user::split_ring::{wants_interrupt_after, GuestBuffers, SplitRing};
+use dpaa_vnic::ports::vhost_user::split_ring::{
+    wants_interrupt_after, GuestBuffers, SplitRing, HEADS_AT_ONCE,
+};
 use dpaa_vnic::ports::vhost_user::tx_chain::{
     pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH,
 };
+use dpaa_vnic::ports::vhost_user::used_batch::UsedBatch;
 use dpaa_vnic::wire::VirtioNetHdr;
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
@@ -141,8 +144,11 @@ proptest! {
         let ring = SplitRing::new(&q2, &m2).expect("started");
         // A prefetch of anything on this ring, good or bad, from any position, must neither
         // fail nor change what is read after it.
-        ring.prefetch(q2.next_avail(), usize::from(l.avail_idx));
-        ring.prefetch(l.used_event, usize::MAX);
+        for (from, n) in [(q2.next_avail(), usize::from(l.avail_idx)), (l.used_event, usize::MAX)] {
+            if let Ok(heads) = ring.heads(from, n) {
+                ring.prefetch(&heads);
+            }
+        }
         let ours: Result<Vec<(u16, Seen)>, _> = ring.avail_idx(q2.next_avail()).map(|end| {
             let mut pos = q2.next_avail();
             let mut v = Vec::new();
@@ -153,6 +159,15 @@ proptest! {
             }
             v
         });
+        // The heads read at once are the ones read one by one.
+        if let Ok(end) = ring.avail_idx(q2.next_avail()) {
+            let n = usize::from(end.wrapping_sub(q2.next_avail()));
+            let at_once = ring.heads(q2.next_avail(), n).expect("avail ring in memory");
+            prop_assert_eq!(at_once.len(), n.min(HEADS_AT_ONCE));
+            for (i, h) in at_once.iter().enumerate() {
+                prop_assert_eq!(Some(*h), ring.head(q2.next_avail().wrapping_add(i as u16)).ok());
+            }
+        }
         match (&theirs, &ours) {
             (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
             (Err(_), Err(_)) => return Ok(()),
@@ -160,12 +175,14 @@ proptest! {
         }
         let chains = ours.unwrap();
 
-        // Returned: virtio-queue's add_used one by one, ours written then published once.
+        // Returned: virtio-queue's add_used one by one, ours staged, written together
+        // (wrapping the ring when the used index lies near its end), then published once.
         let mut refused = (0, 0);
+        let mut batch = UsedBatch::default();
         for (i, (head, descs)) in chains.iter().enumerate() {
             let len = descs.iter().map(|d| d.1).fold(0u32, u32::wrapping_add);
             let a = q1.add_used(&m1, *head, len).is_ok();
-            let b = ring.put_used(q2.next_used().wrapping_add(i as u16), *head, len).is_ok();
+            let b = batch.put(&ring, q2.next_used().wrapping_add(i as u16), *head, len).is_ok();
             prop_assert_eq!(a, b, "head {}", head);
             if !a {
                 refused.0 += 1;
@@ -173,6 +190,7 @@ proptest! {
             }
             refused.1 += 1;
         }
+        batch.write(&ring).unwrap();
         let added = refused.1 as u16;
         let end = q2.next_used().wrapping_add(added);
         ring.publish_used(end).unwrap();
@@ -210,9 +228,11 @@ fn a_ring_across_two_regions_is_read_through_guest_memory() {
     m.write_obj(u16::to_le(SIZE), GuestAddress(0x2002)).unwrap();
     let q = queue(0xf80, 0x2000, 0x3000);
     let ring = SplitRing::new(&q, &m).unwrap();
-    ring.prefetch(0, usize::from(SIZE));
     let end = ring.avail_idx(0).unwrap();
     assert_eq!(end, SIZE);
+    let heads = ring.heads(0, usize::from(SIZE)).unwrap();
+    assert_eq!(heads.to_vec(), (0..SIZE).collect::<Vec<_>>());
+    ring.prefetch(&heads);
     for pos in 0..SIZE {
         let head = ring.head(pos).unwrap();
         assert_eq!(

@@ -108,28 +108,60 @@ impl ActionList {
 
     /// Runs the list on a frame whose header asks for nothing (the burst path's), counted
     /// in `counts` as [`apply`] counts: the header flags it leaves (DATA_VALID once an
-    /// upper layer's sum was computed), `None` if the frame drops. The common frame of a
-    /// list that matches and passes every frame takes one pass, with no [`Packet`] and no
-    /// match, and its rest is fetched only if that pass sums the payload (plain.rs).
+    /// upper layer's sum was computed), `None` if the frame drops.
     #[inline]
     pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, counts: Counts<'_>) -> Option<u8> {
+        let mut passes = Passes::default();
+        let flags = self.apply_plain_in_run(frame, counts, &mut passes);
+        self.count_passes(counts, passes);
+        flags
+    }
+
+    /// [`ActionList::apply_plain`] for one frame of a run. The common frame of a list that
+    /// matches and passes every frame takes one pass, with no [`Packet`] and no match, and
+    /// its rest is fetched only if that pass sums the payload (plain.rs). Such a frame is
+    /// counted in `passes`, whose counts the caller adds once for the run
+    /// ([`ActionList::count_passes`]) rather than two or three counters per frame; any
+    /// other frame is counted in `counts` as it goes.
+    #[inline]
+    pub fn apply_plain_in_run(
+        &self,
+        frame: &mut BurstFrame<'_>,
+        counts: Counts<'_>,
+        passes: &mut Passes,
+    ) -> Option<u8> {
         let _held = self.hold(frame.len());
         if let Some(targets) = self.every_frame {
             if let Some(done) = plain::update(frame, targets, 0) {
-                if done.wrote {
-                    counts.queue.csum_updated.inc();
-                }
-                // Each action matched the frame and passed it.
-                for c in self.actions.iter().filter_map(|a| counts.action(a.slot)) {
-                    c.matched.inc();
-                    c.passed.inc();
-                }
+                passes.frames += 1;
+                passes.wrote += u64::from(done.wrote);
                 return Some(if done.l4_complete { F_DATA_VALID } else { 0 });
             }
         }
         let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
         apply(&self.actions, &mut pkt, counts).then_some(pkt.hdr.flags)
     }
+
+    /// Adds what the one pass did over a run: each frame rewritten counted in
+    /// `csum_updated`, and matched and passed by each action.
+    pub fn count_passes(&self, counts: Counts<'_>, passes: Passes) {
+        if passes.frames == 0 {
+            return;
+        }
+        counts.queue.csum_updated.add(passes.wrote);
+        for c in self.actions.iter().filter_map(|a| counts.action(a.slot)) {
+            c.matched.add(passes.frames);
+            c.passed.add(passes.frames);
+        }
+    }
+}
+
+/// The frames of a run that took [`ActionList::apply_plain_in_run`]'s one pass, and how
+/// many of them it rewrote.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Passes {
+    frames: u64,
+    wrote: u64,
 }
 
 impl Deref for ActionList {

@@ -13,7 +13,7 @@ mod spec;
 mod test_frames;
 mod update;
 
-pub use self::list::ActionList;
+pub use self::list::{ActionList, Passes};
 pub use self::run::{apply, run, ActionVerdict};
 pub use self::spec::{ActionParseError, CsumAction, Dir, Targets, Verdict, NO_SLOT};
 pub use self::update::{update, update_by, CsumFail, Done};

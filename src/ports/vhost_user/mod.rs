@@ -30,6 +30,7 @@ pub mod sigbus;
 pub mod split_ring;
 mod tx;
 pub mod tx_chain;
+pub mod used_batch;
 
 pub use config_change::ConfigChangeError;
 pub use connection::{serve, serve_as_client, ConnectionError, CLIENT_RETRY};

@@ -25,7 +25,7 @@ use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};
 use crate::logging::error_chain;
-use crate::pipeline::csum_action::ActionList;
+use crate::pipeline::csum_action::{ActionList, Passes};
 use crate::pipeline::{gso, Admitted, BurstFrame, Frame, PortFrames, Refused};
 use crate::stats::{QueueStats, Tally};
 use crate::wire::checksum::complete_partial;
@@ -191,15 +191,14 @@ impl RxSide {
         let mut w = RxWriter::new(health, rx, &steering, &mem, offloads);
         let stats = tally.at(health.id, 0);
         // What the frames' own queue counts here: refusals and the actions' work.
-        let flow_stats = tally.at(health.id, flow);
-        // The filter's verdict on the last destination: a run's frames nearly always share
-        // it. A snooping port looks into each frame, so it asks every time.
+        let counts = tally.counts(health.id, flow);
+        let flow_stats = counts.queue;
+        // The filter's verdict on the run's last destination (a snooping port asks per frame).
         let mut last: Option<(MacAddr, Option<Admitted>)> = None;
-        // One guard around the run, not one per frame (docs/performance.md): a bug in a
-        // frame's actions costs that frame, which they alone touch. A bug met anywhere else
-        // is taken as one in a push, which leaves the ring where nobody knows: that frame is
-        // an error, the queue takes nothing more until it is reset, and the run's frames
-        // after it are dropped.
+        let mut passes = Passes::default();
+        // One guard around the run (docs/performance.md): a bug in a frame's actions costs
+        // that frame alone. One met elsewhere is taken as one in a push, which leaves the ring
+        // where nobody knows: the queue takes nothing more until reset, nor the run's rest.
         let ran = health.catch_bug_in_run("a received frame", frames, |frame, contained| {
             // The VLAN table per frame (frames to one address may differ in tag), then the address.
             if !self.regs.vlan_allows(frame.head()) {
@@ -232,7 +231,7 @@ impl RxSide {
             let mut flags = 0;
             if !actions.is_empty() {
                 contained.set(true);
-                let acted = actions.apply_plain(frame, tally.counts(health.id, flow));
+                let acted = actions.apply_plain_in_run(frame, counts, &mut passes);
                 contained.set(false);
                 let Some(f) = acted else {
                     return;
@@ -256,6 +255,7 @@ impl RxSide {
             flow_stats.rx_dropped.add(after as u64);
         }
         w.end_run();
+        actions.count_passes(counts, passes);
         Some(w.delivered)
     }
 }

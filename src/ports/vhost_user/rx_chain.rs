@@ -12,6 +12,7 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
+use super::used_batch::UsedBatch;
 use crate::pipeline::BurstFrame;
 use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN, HDR_LEN_HASH, HDR_LEN_LEGACY};
 
@@ -56,6 +57,9 @@ pub struct RxRun {
     /// The chains of the frame being written, kept here rather than on the stack of each
     /// push: they hold room for the worst case, and are never zeroed.
     chains: RxChains,
+    /// The run's used elements, written to the ring at [`RxRun::finish`] (or when it
+    /// fills), not one by one.
+    used: UsedBatch,
 }
 
 impl RxRun {
@@ -75,6 +79,7 @@ impl RxRun {
             }
             .to_bytes(),
             chains: RxChains::new(),
+            used: UsedBatch::default(),
         }
     }
 
@@ -91,6 +96,7 @@ impl RxRun {
         self.walked = 0;
         self.avail = None;
         self.first_used = None;
+        self.used.clear();
     }
 
     /// Descriptors walked so far, at most [`MAX_FRAME_DESCS`] + 1 per frame.
@@ -177,7 +183,9 @@ impl RxRun {
         let hdr_bytes = h.to_bytes();
         if let Err(e) = write_frame(ring.buffers(), rx, hdr_len, &hdr_bytes[..hdr_len], frame) {
             // A buffer outside guest memory: the frame is dropped, its chains returned empty.
-            give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))?;
+            self.used
+                .give_back(q, ring, pos, rx.chains.iter().map(|rc| rc.head))
+                .map_err(RxError::Ring)?;
             return Err(RxError::Chain(e));
         }
         let first = q.next_used();
@@ -186,7 +194,8 @@ impl RxRun {
             let off = if i == 0 { hdr_len } else { 0 };
             let take = (rc.capacity - off).min(frame.len() - src_off);
             src_off += take;
-            ring.put_used(first.wrapping_add(i as u16), rc.head, (off + take) as u32)
+            self.used
+                .put(ring, first.wrapping_add(i as u16), rc.head, (off + take) as u32)
                 .map_err(RxError::Ring)?;
         }
         q.set_next_avail(pos);
@@ -247,7 +256,9 @@ impl RxRun {
         }
         let first = q.next_used();
         // Within the descriptor's u32 length.
-        ring.put_used(first, head, total as u32).map_err(RxError::Ring)?;
+        self.used
+            .put(ring, first, head, total as u32)
+            .map_err(RxError::Ring)?;
         self.walked += 1;
         q.set_next_avail(pos.wrapping_add(1));
         q.set_next_used(first.wrapping_add(1));
@@ -306,7 +317,7 @@ impl RxRun {
                 Ok(capacity) => room += capacity,
                 Err(e) => {
                     let heads = rx.chains.iter().map(|rc| rc.head).chain([head]);
-                    give_back(q, ring, pos, heads)?;
+                    self.used.give_back(q, ring, pos, heads).map_err(RxError::Ring)?;
                     return Err(RxError::Chain(e));
                 }
             }
@@ -321,6 +332,7 @@ impl RxRun {
         let Some(first) = self.first_used.take() else {
             return Ok(false);
         };
+        self.used.write(ring)?;
         let added = q.next_used().wrapping_sub(first);
         if added == 0 {
             return Ok(false);
@@ -510,25 +522,6 @@ fn write_frame<M: GuestMemory>(
         write_at(mem, descs, off, &frame[src_off..src_off + take], write_guest)?;
         src_off += take;
     }
-    Ok(())
-}
-
-/// Takes the chains up to avail position `pos` and returns `heads` used with length 0: the
-/// driver sees empty buffers (and counts a length error) and the frame is dropped.
-fn give_back<M: GuestMemory>(
-    q: &mut Queue,
-    ring: &SplitRing<'_, M>,
-    pos: u16,
-    heads: impl Iterator<Item = u16>,
-) -> Result<(), RxError> {
-    let first = q.next_used();
-    let mut end = first;
-    for head in heads {
-        ring.put_used(end, head, 0).map_err(RxError::Ring)?;
-        end = end.wrapping_add(1);
-    }
-    q.set_next_avail(pos);
-    q.set_next_used(end);
     Ok(())
 }
 

@@ -20,6 +20,7 @@ use std::cell::Cell;
 use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+use arrayvec::ArrayVec;
 use thiserror::Error;
 use vhost_user_backend::VringRwLock;
 use virtio_queue::desc::split::Descriptor;
@@ -229,21 +230,27 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
         }
     }
 
-    /// One used element: the chain's head and the bytes written, little-endian.
-    fn write_used(&self, mem: &M, off: u64, id: u32, len: u32) -> Result<(), QueueError> {
+    /// Bytes of the area from `off` into `buf`: one copy.
+    fn read_bytes(&self, mem: &M, off: u64, buf: &mut [u8]) -> Result<(), QueueError> {
         match self {
-            // Two 32-bit stores: the used ring is only 4-byte aligned (virtio 1.2, 2.7).
             Area::Host(s) => s
-                .store(id.to_le(), off as usize, Ordering::Relaxed)
-                .and_then(|()| s.store(len.to_le(), off as usize + 4, Ordering::Relaxed))
+                .read_slice(buf, off as usize)
                 .map_err(QueueError::VolatileMemoryError),
-            Area::Guest(a) => {
-                let mut e = [0u8; 8];
-                e[..4].copy_from_slice(&id.to_le_bytes());
-                e[4..].copy_from_slice(&len.to_le_bytes());
-                mem.write_slice(&e, Self::at(*a, off)?)
-                    .map_err(QueueError::GuestMemory)
-            }
+            Area::Guest(a) => mem
+                .read_slice(buf, Self::at(*a, off)?)
+                .map_err(QueueError::GuestMemory),
+        }
+    }
+
+    /// Used elements as the ring holds them (`bytes`: 8 per element, little-endian).
+    fn write_used_elems(&self, mem: &M, off: u64, bytes: &[u8]) -> Result<(), QueueError> {
+        match self {
+            Area::Host(s) => s
+                .write_slice(bytes, off as usize)
+                .map_err(QueueError::VolatileMemoryError),
+            Area::Guest(a) => mem
+                .write_slice(bytes, Self::at(*a, off)?)
+                .map_err(QueueError::GuestMemory),
         }
     }
 }
@@ -318,6 +325,31 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
             .map_err(RingError)
     }
 
+    /// The heads of the `n` chains from avail position `from` on (modulo the ring size), at
+    /// most [`HEADS_AT_ONCE`] and a ring's worth: read in one copy (two where the ring
+    /// wraps) rather than entry by entry, as DPDK's vhost library reads a burst's avail
+    /// entries. Called after [`SplitRing::avail_idx`], whose acquire load orders these
+    /// reads after the driver's writes of the entries (virtio 1.2, 2.7.13.3).
+    pub fn heads(&self, from: u16, n: usize) -> Result<ArrayVec<u16, HEADS_AT_ONCE>, RingError> {
+        let (size, n) = (
+            usize::from(self.size),
+            n.min(HEADS_AT_ONCE).min(usize::from(self.size)),
+        );
+        let start = usize::from(from & (self.size - 1));
+        let mut bytes = [0u8; 2 * HEADS_AT_ONCE];
+        let (to_end, wrapped) = bytes[..2 * n].split_at_mut(2 * n.min(size - start));
+        self.avail
+            .read_bytes(self.mem(), 4 + 2 * start as u64, to_end)
+            .map_err(RingError)?;
+        if !wrapped.is_empty() {
+            self.avail.read_bytes(self.mem(), 4, wrapped).map_err(RingError)?;
+        }
+        Ok(bytes[..2 * n]
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect())
+    }
+
     /// The descriptor at `index` of the ring's own table (not an indirect one); `None` when
     /// the index is past the table or the descriptor cannot be read.
     #[inline]
@@ -340,17 +372,25 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         }
     }
 
-    /// Writes used element `pos` (modulo the ring size): chain `head`, `len` bytes written.
-    /// The driver does not see it before [`SplitRing::publish_used`].
-    #[inline]
-    pub fn put_used(&self, pos: u16, head: u16, len: u32) -> Result<(), RingError> {
-        if head >= self.size {
-            return Err(RingError(QueueError::InvalidDescriptorIndex));
+    /// Writes used elements from position `first` on (modulo the ring size), given as the
+    /// ring holds them ([`USED_ELEM`] bytes each): one copy, two where the ring wraps. More
+    /// elements than the ring holds are refused.
+    pub fn put_used_elems(&self, first: u16, bytes: &[u8]) -> Result<(), RingError> {
+        let size = usize::from(self.size);
+        if bytes.len() > USED_ELEM * size {
+            return Err(RingError(QueueError::InvalidSize));
         }
-        let off = 4 + 8 * u64::from(pos & (self.size - 1));
+        let start = usize::from(first & (self.size - 1));
+        let (to_end, wrapped) = bytes.split_at(bytes.len().min(USED_ELEM * (size - start)));
         self.used
-            .write_used(self.mem(), off, u32::from(head), len)
-            .map_err(RingError)
+            .write_used_elems(self.mem(), 4 + (USED_ELEM * start) as u64, to_end)
+            .map_err(RingError)?;
+        if !wrapped.is_empty() {
+            self.used
+                .write_used_elems(self.mem(), 4, wrapped)
+                .map_err(RingError)?;
+        }
+        Ok(())
     }
 
     /// Publishes the used index: every element written before it is the driver's. A release
@@ -425,8 +465,14 @@ pub fn wants_interrupt_after<M: GuestMemory>(q: &Queue, mem: &M, added: u16) -> 
     }
 }
 
-/// Chains [`SplitRing::prefetch`] looks ahead at most: a TX batch (tx_chain.rs `TX_BATCH`).
-const PREFETCH_CHAINS: usize = 32;
+/// Bytes of one used element (virtio 1.2, 2.7.8: `le32 id`, `le32 len`).
+pub const USED_ELEM: usize = 8;
+
+/// Avail entries [`SplitRing::heads`] reads at once: a TX batch (tx_chain.rs `TX_BATCH`).
+pub const HEADS_AT_ONCE: usize = 32;
+
+/// Chains [`SplitRing::prefetch`] looks ahead at most: a TX batch.
+const PREFETCH_CHAINS: usize = HEADS_AT_ONCE;
 
 /// Bytes of each chain's first buffer it asks for at most: a small frame and its header.
 /// A longer frame's later lines follow through the CPU's own prefetchers.
@@ -447,33 +493,24 @@ fn prefetch_line(p: *const u8) {
 }
 
 impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
-    /// Asks the CPU to start loading what serving the `count` chains from avail position
-    /// `from` will read: their head descriptors, then the first bytes of their first
-    /// buffers. Served one after the other, each chain waits for its descriptor and then
-    /// its buffer to come over from the driver's CPU; asked for together, those misses
-    /// overlap, as DPDK's vhost library prefetches its descriptors and buffers. A hint and
-    /// nothing more: what it reads
-    /// is bounded like any access, decides nothing, and is read again by the walk that
-    /// serves the chains. A descriptor table outside one memory region and indirect tables
-    /// are skipped.
-    pub fn prefetch(&self, from: u16, count: usize) {
+    /// Asks the CPU to start loading what serving the chains `heads` will read: their
+    /// descriptors, then the first bytes of their first buffers. Served one after the
+    /// other, each chain waits for its descriptor and then its buffer to come over from the
+    /// driver's CPU; asked for together, those misses overlap, as DPDK's vhost library
+    /// prefetches its descriptors and buffers. A hint and nothing more: what it reads is
+    /// bounded like any access, decides nothing, and is read again by the walk that serves
+    /// the chains. A head past the table, a descriptor table outside one memory region and
+    /// indirect tables are skipped.
+    pub fn prefetch(&self, heads: &[u16]) {
         let Area::Host(desc) = &self.desc else {
             return;
         };
         let table = desc.ptr_guard();
-        let mut heads = [0u16; PREFETCH_CHAINS];
-        let mut n = 0;
-        for i in 0..count.min(PREFETCH_CHAINS).min(usize::from(self.size)) {
-            let Ok(h) = self.head(from.wrapping_add(i as u16)) else {
-                break;
-            };
-            if h < self.size {
-                prefetch_line(table.as_ptr().wrapping_add(usize::from(h) * DESC_SIZE as usize));
-                heads[n] = h;
-                n += 1;
-            }
+        let heads = &heads[..heads.len().min(PREFETCH_CHAINS)];
+        for &h in heads.iter().filter(|&&h| h < self.size) {
+            prefetch_line(table.as_ptr().wrapping_add(usize::from(h) * DESC_SIZE as usize));
         }
-        for &h in &heads[..n] {
+        for &h in heads.iter().filter(|&&h| h < self.size) {
             let Ok(d) = self.desc.read_desc(self.mem(), u64::from(h) * DESC_SIZE) else {
                 continue;
             };

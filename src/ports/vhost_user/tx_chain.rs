@@ -13,11 +13,14 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
-use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
+use super::split_ring::{
+    walk_one, ChainError, GuestBuffers, RingError, SplitRing, HEADS_AT_ONCE, MAX_FRAME_DESCS,
+};
+use super::used_batch::UsedBatch;
 
 /// Most chains one batch pops under one hold of the ring: DPDK's vhost library and
 /// testpmd move bursts of 32 (MAX_PKT_BURST).
-pub const TX_BATCH: usize = 32;
+pub const TX_BATCH: usize = HEADS_AT_ONCE;
 
 /// One transmitted chain, copied out.
 #[derive(Debug)]
@@ -111,14 +114,13 @@ pub fn take_tx_batch<M: GuestMemory>(
     }
     let first = q.next_avail();
     let avail = ring.avail_idx(first)?;
-    let max = limits.chains.min(TX_BATCH);
-    ring.prefetch(first, usize::from(avail.wrapping_sub(first)).min(max));
+    let heads = ring.heads(first, usize::from(avail.wrapping_sub(first)).min(limits.chains))?;
+    ring.prefetch(&heads);
     let (mut pos, mut start, mut walked) = (first, 0usize, 0usize);
-    while out.len() < max && walked < limits.walk && buf.len() - start >= limits.frame_max {
-        if pos == avail {
+    for &chain in &heads {
+        if walked >= limits.walk || buf.len() - start < limits.frame_max {
             break;
         }
-        let chain = ring.head(pos)?;
         pos = pos.wrapping_add(1);
         let room = &mut buf[start..start + limits.frame_max];
         let slot = match limits
@@ -148,9 +150,11 @@ pub fn take_tx_batch<M: GuestMemory>(
     // Every chain is used with length 0 (nothing written); the driver is told at
     // `return_tx_chains`.
     let used = q.next_used();
+    let mut elems = UsedBatch::default();
     for (i, s) in out.iter().enumerate() {
-        ring.put_used(used.wrapping_add(i as u16), s.chain.head, 0)?;
+        elems.put(ring, used.wrapping_add(i as u16), s.chain.head, 0)?;
     }
+    elems.write(ring)?;
     q.set_next_used(used.wrapping_add(out.len() as u16));
     Ok(())
 }
