@@ -14,7 +14,7 @@ use dpaa_vnic::ports::vhost_user::split_ring::{
 use dpaa_vnic::ports::vhost_user::tx_chain::{
     pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH,
 };
-use dpaa_vnic::ports::vhost_user::used_batch::UsedBatch;
+use dpaa_vnic::ports::vhost_user::used_batch::{put_unwritten, UsedBatch};
 use dpaa_vnic::wire::VirtioNetHdr;
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
@@ -275,6 +275,38 @@ proptest! {
             let got = bufs.slice(at, len).map(|s| (s.ptr_guard().as_ptr() as usize, s.len()));
             let want = m.get_slice(at, len).ok().map(|s| (s.ptr_guard().as_ptr() as usize, s.len()));
             prop_assert_eq!(got, want, "{:#x}+{:#x}", addr, len);
+        }
+    }
+}
+
+proptest! {
+    /// A TX batch's chains, returned with length 0 in one copy (`put_unwritten`), are
+    /// where virtio-queue's `add_used` puts them, from anywhere in the ring; with a head
+    /// past the ring the batch is refused and nothing is written.
+    #[test]
+    fn chains_returned_unwritten_land_where_virtio_queue_puts_them(
+        l in layout(),
+        used_start in any::<u16>(),
+        heads in prop::collection::vec(0..SIZE + 2, 0..=usize::from(SIZE)),
+    ) {
+        let (m1, mut q1) = build(&l);
+        let (m2, q2) = build(&l);
+        q1.set_next_used(used_start);
+        let before = bytes(&m2);
+        let ring = SplitRing::new(&q2, &m2).expect("started");
+        let ours = put_unwritten(&ring, used_start, heads.iter().copied());
+        if heads.iter().any(|&h| h >= SIZE) {
+            prop_assert!(ours.is_err());
+            prop_assert_eq!(bytes(&m2), before);
+        } else {
+            prop_assert!(ours.is_ok());
+            for &h in &heads {
+                q1.add_used(&m1, h, 0).unwrap();
+            }
+            // virtio-queue publishes its index with each element; ours is published later.
+            m1.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
+            m2.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
+            prop_assert_eq!(bytes(&m1), bytes(&m2));
         }
     }
 }

@@ -14,6 +14,7 @@
 //!   its messages to vhost-user-backend's handler;
 //! - `health`, `budget`, `memcheck`, `sigbus`: what the rest leans on.
 
+mod avail_heads;
 mod budget;
 mod config_change;
 mod connection;

@@ -11,6 +11,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
+use super::avail_heads::AvailHeads;
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
 use super::used_batch::UsedBatch;
 use crate::pipeline::BurstFrame;
@@ -60,6 +61,8 @@ pub struct RxRun {
     /// The run's used elements, written to the ring at [`RxRun::finish`] (or when it
     /// fills), not one by one.
     used: UsedBatch,
+    /// The avail entries the one-descriptor lane takes its chains from, read at once.
+    heads: AvailHeads,
 }
 
 impl RxRun {
@@ -80,6 +83,7 @@ impl RxRun {
             .to_bytes(),
             chains: RxChains::new(),
             used: UsedBatch::default(),
+            heads: AvailHeads::default(),
         }
     }
 
@@ -97,6 +101,7 @@ impl RxRun {
         self.avail = None;
         self.first_used = None;
         self.used.clear();
+        self.heads.clear();
     }
 
     /// Descriptors walked so far, at most [`MAX_FRAME_DESCS`] + 1 per frame.
@@ -229,7 +234,7 @@ impl RxRun {
             }
         }
         let (hdr_len, total) = (self.hdr_len, self.hdr_len + frame.len() + rest.len());
-        let head = ring.head(pos).map_err(RxError::Ring)?;
+        let head = self.heads.at(ring, pos, *avail).map_err(RxError::Ring)?;
         let Some(d) = ring.descriptor(head) else {
             return Ok(false);
         };

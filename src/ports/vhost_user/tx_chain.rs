@@ -16,11 +16,15 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 use super::split_ring::{
     walk_one, ChainError, GuestBuffers, RingError, SplitRing, HEADS_AT_ONCE, MAX_FRAME_DESCS,
 };
-use super::used_batch::UsedBatch;
+use super::used_batch::{put_unwritten, USED_BATCH};
 
 /// Most chains one batch pops under one hold of the ring: DPDK's vhost library and
 /// testpmd move bursts of 32 (MAX_PKT_BURST).
 pub const TX_BATCH: usize = HEADS_AT_ONCE;
+const _: () = assert!(
+    TX_BATCH <= USED_BATCH,
+    "a TX batch's used elements go in one copy"
+);
 
 /// One transmitted chain, copied out.
 #[derive(Debug)]
@@ -150,11 +154,7 @@ pub fn take_tx_batch<M: GuestMemory>(
     // Every chain is used with length 0 (nothing written); the driver is told at
     // `return_tx_chains`.
     let used = q.next_used();
-    let mut elems = UsedBatch::default();
-    for (i, s) in out.iter().enumerate() {
-        elems.put(ring, used.wrapping_add(i as u16), s.chain.head, 0)?;
-    }
-    elems.write(ring)?;
+    put_unwritten(ring, used, out.iter().map(|s| s.chain.head))?;
     q.set_next_used(used.wrapping_add(out.len() as u16));
     Ok(())
 }

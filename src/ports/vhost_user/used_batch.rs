@@ -14,6 +14,27 @@ use super::split_ring::{RingError, SplitRing, USED_ELEM};
 /// Elements staged at most; a run that uses more buffers writes them in several copies.
 pub const USED_BATCH: usize = 64;
 
+/// Writes chains `heads` used with length 0 (nothing written into them: a TX batch's),
+/// at used positions from `first` on, in one copy (two where the ring wraps). At most
+/// [`USED_BATCH`] and a ring's worth; a head past the ring is refused, as virtio-queue's
+/// `add_used` refuses it, and then nothing is written.
+pub fn put_unwritten<M: GuestMemory>(
+    ring: &SplitRing<'_, M>,
+    first: u16,
+    heads: impl Iterator<Item = u16>,
+) -> Result<(), RingError> {
+    let mut bytes = [0u8; USED_ELEM * USED_BATCH];
+    let mut n = 0;
+    for (e, head) in bytes.chunks_exact_mut(USED_ELEM).zip(heads) {
+        if head >= ring.size() {
+            return Err(RingError(QueueError::InvalidDescriptorIndex));
+        }
+        e[..2].copy_from_slice(&head.to_le_bytes());
+        n += 1;
+    }
+    ring.put_used_elems(first, &bytes[..USED_ELEM * n])
+}
+
 /// Used elements for consecutive used positions from `first`, as the ring holds them.
 pub struct UsedBatch {
     first: u16,
