@@ -12,9 +12,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use log::{trace, warn};
 
 use super::config_change::{ConfigChangeError, LiveStatus};
-use super::health::Health;
+use super::health::{BrokenRings, Health};
 use super::rx::{RxPath, RxSide};
-use super::split_ring::{BrokenRings, Mem, Vring};
+use super::split_ring::{Mem, Vring};
 use crate::device::config_space::NetConfig;
 use crate::device::ctrl::GUEST_OFFLOAD_MASK;
 use crate::device::features::{Attachment, Negotiated};

@@ -1,14 +1,15 @@
 //! What went wrong on a guest port, kept in one place: its counters of frontend and guest
-//! trouble, its rate-limited warnings, and the guard that keeps a bug on one frame or
-//! command from spreading.
+//! trouble, its rate-limited warnings, the queues whose rings are broken, and the guard
+//! that keeps a bug on one frame or command from spreading.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{error, warn};
 
 use vhost_user_backend::VringT;
 
-use super::split_ring::{BrokenRings, RingError, Vring};
+use super::split_ring::{RingError, Vring};
 use crate::logging::{error_chain, WarnLimiter};
 use crate::stats::ConnStats;
 
@@ -112,6 +113,35 @@ impl Health {
             if self.may_warn() {
                 warn!("port {}: signalling queue {q}: {e}", self.id);
             }
+        }
+    }
+}
+
+/// The queues of one connection that are broken (bit per queue index): shared by the worker
+/// that serves a queue and by every sender that writes into it. A real device would set
+/// DEVICE_NEEDS_RESET (virtio 1.2, 2.1.2); a vhost-user backend has no way to tell the
+/// frontend's status register, so the queue is left alone until the frontend programs it
+/// again (SET_VRING_BASE, SET_VRING_KICK) or reconnects.
+#[derive(Debug, Default)]
+pub struct BrokenRings(AtomicU64);
+
+impl BrokenRings {
+    /// Whether queue `q` is broken. Queue indexes past 63 (none: 31 pairs and the control
+    /// queue at most) count as broken.
+    #[inline]
+    pub fn is(&self, q: usize) -> bool {
+        q >= 64 || self.0.load(Ordering::Acquire) & (1 << q) != 0
+    }
+
+    /// Marks queue `q` broken; true if it was not already.
+    pub fn set(&self, q: usize) -> bool {
+        q < 64 && self.0.fetch_or(1 << q, Ordering::AcqRel) & (1 << q) == 0
+    }
+
+    /// The frontend programs queue `q` anew.
+    pub fn clear(&self, q: usize) {
+        if q < 64 {
+            self.0.fetch_and(!(1 << q), Ordering::AcqRel);
         }
     }
 }

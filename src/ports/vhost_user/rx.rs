@@ -18,9 +18,9 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
-use super::health::Health;
+use super::health::{BrokenRings, Health};
 use super::rx_chain::{RxError, RxRun};
-use super::split_ring::{BrokenRings, ChainError, Mem, SplitRing, Vring, MAX_FRAME_DESCS};
+use super::split_ring::{ChainError, Mem, SplitRing, Vring, MAX_FRAME_DESCS};
 use crate::device::features::Negotiated;
 use crate::device::filter::{FilterRegs, Verdict};
 use crate::device::rss::{Steered, Steering, SteeringCell};

@@ -18,7 +18,7 @@
 
 use std::cell::Cell;
 use std::num::Wrapping;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, Ordering};
 
 use arrayvec::ArrayVec;
 use thiserror::Error;
@@ -43,35 +43,6 @@ pub type Vring = VringRwLock<Mem>;
 #[derive(Debug, Error)]
 #[error("the ring cannot be served")]
 pub struct RingError(#[source] pub QueueError);
-
-/// The queues of one connection that are broken (bit per queue index): shared by the worker
-/// that serves a queue and by every sender that writes into it. A real device would set
-/// DEVICE_NEEDS_RESET (virtio 1.2, 2.1.2); a vhost-user backend has no way to tell the
-/// frontend's status register, so the queue is left alone until the frontend programs it
-/// again (SET_VRING_BASE, SET_VRING_KICK) or reconnects.
-#[derive(Debug, Default)]
-pub struct BrokenRings(AtomicU64);
-
-impl BrokenRings {
-    /// Whether queue `q` is broken. Queue indexes past 63 (none: 31 pairs and the control
-    /// queue at most) count as broken.
-    #[inline]
-    pub fn is(&self, q: usize) -> bool {
-        q >= 64 || self.0.load(Ordering::Acquire) & (1 << q) != 0
-    }
-
-    /// Marks queue `q` broken; true if it was not already.
-    pub fn set(&self, q: usize) -> bool {
-        q < 64 && self.0.fetch_or(1 << q, Ordering::AcqRel) & (1 << q) == 0
-    }
-
-    /// The frontend programs queue `q` anew.
-    pub fn clear(&self, q: usize) {
-        if q < 64 {
-            self.0.fetch_and(!(1 << q), Ordering::AcqRel);
-        }
-    }
-}
 
 /// Most descriptors walked for one frame: one TX chain, one control chain, or every RX
 /// chain one received frame is written into, zero-length and indirect ones included.
@@ -242,8 +213,8 @@ impl<'m, M: GuestMemory + ?Sized> Area<'m, M> {
         }
     }
 
-    /// Used elements as the ring holds them (`bytes`: 8 per element, little-endian).
-    fn write_used_elems(&self, mem: &M, off: u64, bytes: &[u8]) -> Result<(), QueueError> {
+    /// Bytes at `off`: used elements as the ring holds them.
+    fn write_bytes(&self, mem: &M, off: u64, bytes: &[u8]) -> Result<(), QueueError> {
         match self {
             Area::Host(s) => s
                 .write_slice(bytes, off as usize)
@@ -331,23 +302,40 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// entries. Called after [`SplitRing::avail_idx`], whose acquire load orders these
     /// reads after the driver's writes of the entries (virtio 1.2, 2.7.13.3).
     pub fn heads(&self, from: u16, n: usize) -> Result<ArrayVec<u16, HEADS_AT_ONCE>, RingError> {
-        let (size, n) = (
-            usize::from(self.size),
-            n.min(HEADS_AT_ONCE).min(usize::from(self.size)),
-        );
-        let start = usize::from(from & (self.size - 1));
+        let n = n.min(HEADS_AT_ONCE).min(usize::from(self.size));
         let mut bytes = [0u8; 2 * HEADS_AT_ONCE];
-        let (to_end, wrapped) = bytes[..2 * n].split_at_mut(2 * n.min(size - start));
-        self.avail
-            .read_bytes(self.mem(), 4 + 2 * start as u64, to_end)
-            .map_err(RingError)?;
-        if !wrapped.is_empty() {
-            self.avail.read_bytes(self.mem(), 4, wrapped).map_err(RingError)?;
-        }
-        Ok(bytes[..2 * n]
-            .chunks_exact(2)
+        let bytes = &mut bytes[..2 * n];
+        self.wrapping(from, AVAIL_ENTRY, bytes.len(), |off, range| {
+            self.avail.read_bytes(self.mem(), 4 + off, &mut bytes[range])
+        })?;
+        Ok(bytes
+            .chunks_exact(AVAIL_ENTRY)
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
             .collect())
+    }
+
+    /// Splits `len` bytes of entries of `entry` bytes each, from ring position `first` on
+    /// (modulo the ring size), where the ring ends, and calls `f` with each part's offset
+    /// from the ring's first entry and its range in the `len` bytes: once, or twice where
+    /// the ring wraps. More than the ring holds is refused.
+    fn wrapping(
+        &self,
+        first: u16,
+        entry: usize,
+        len: usize,
+        mut f: impl FnMut(u64, std::ops::Range<usize>) -> Result<(), QueueError>,
+    ) -> Result<(), RingError> {
+        let size = usize::from(self.size);
+        if len > entry * size {
+            return Err(RingError(QueueError::InvalidSize));
+        }
+        let start = usize::from(first & (self.size - 1));
+        let to_end = len.min(entry * (size - start));
+        f((entry * start) as u64, 0..to_end).map_err(RingError)?;
+        if to_end < len {
+            f(0, to_end..len).map_err(RingError)?;
+        }
+        Ok(())
     }
 
     /// The descriptor at `index` of the ring's own table (not an indirect one); `None` when
@@ -376,26 +364,11 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
     /// ring holds them ([`USED_ELEM`] bytes each): one copy, two where the ring wraps. More
     /// elements than the ring holds are refused.
     pub fn put_used_elems(&self, first: u16, bytes: &[u8]) -> Result<(), RingError> {
-        let size = usize::from(self.size);
-        if bytes.len() > USED_ELEM * size {
-            return Err(RingError(QueueError::InvalidSize));
-        }
-        let start = usize::from(first & (self.size - 1));
-        let (to_end, wrapped) = bytes.split_at(bytes.len().min(USED_ELEM * (size - start)));
-        self.used
-            .write_used_elems(self.mem(), 4 + (USED_ELEM * start) as u64, to_end)
-            .map_err(RingError)?;
-        if !wrapped.is_empty() {
-            self.used
-                .write_used_elems(self.mem(), 4, wrapped)
-                .map_err(RingError)?;
-        }
-        Ok(())
+        self.wrapping(first, USED_ELEM, bytes.len(), |off, range| {
+            self.used.write_bytes(self.mem(), 4 + off, &bytes[range])
+        })
     }
 
-    /// Publishes the used index: every element written before it is the driver's. A release
-    /// store, as virtio-queue's `add_used` makes (virtio 1.2, 2.7.8: the device updates the
-    /// ring before the index).
     /// Tells the driver it need not kick (poll mode): VRING_USED_F_NO_NOTIFY in the used
     /// ring's flags, stored only when they do not say so already, so that a busy poll
     /// visit reads the line and leaves it shared with the driver's CPU. A ring started anew
@@ -418,6 +391,9 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         Ok(())
     }
 
+    /// Publishes the used index: every element written before it is the driver's. A release
+    /// store, as virtio-queue's `add_used` makes (virtio 1.2, 2.7.8: the device updates the
+    /// ring before the index).
     pub fn publish_used(&self, idx: u16) -> Result<(), RingError> {
         self.used
             .store_u16(self.mem(), 2, idx, Ordering::Release)
@@ -467,6 +443,9 @@ pub fn wants_interrupt_after<M: GuestMemory>(q: &Queue, mem: &M, added: u16) -> 
 
 /// Bytes of one used element (virtio 1.2, 2.7.8: `le32 id`, `le32 len`).
 pub const USED_ELEM: usize = 8;
+
+/// Bytes of one avail entry (virtio 1.2, 2.7.6: `le16 ring[]`).
+const AVAIL_ENTRY: usize = 2;
 
 /// Avail entries [`SplitRing::heads`] reads at once: a TX batch (tx_chain.rs `TX_BATCH`).
 pub const HEADS_AT_ONCE: usize = 32;

@@ -26,13 +26,24 @@ pub fn put_unwritten<M: GuestMemory>(
     let mut bytes = [0u8; USED_ELEM * USED_BATCH];
     let mut n = 0;
     for (e, head) in bytes.chunks_exact_mut(USED_ELEM).zip(heads) {
-        if head >= ring.size() {
-            return Err(RingError(QueueError::InvalidDescriptorIndex));
-        }
-        e[..2].copy_from_slice(&head.to_le_bytes());
+        e.copy_from_slice(&used_elem(ring, head, 0)?);
         n += 1;
     }
     ring.put_used_elems(first, &bytes[..USED_ELEM * n])
+}
+
+/// The used element of chain `head` with `len` bytes written, as the ring holds it. A head
+/// past the ring is refused, as virtio-queue's `add_used` refuses it.
+#[inline(always)]
+fn used_elem<M: GuestMemory>(
+    ring: &SplitRing<'_, M>,
+    head: u16,
+    len: u32,
+) -> Result<[u8; USED_ELEM], RingError> {
+    if head >= ring.size() {
+        return Err(RingError(QueueError::InvalidDescriptorIndex));
+    }
+    Ok((u64::from(len) << 32 | u64::from(head)).to_le_bytes())
 }
 
 /// Used elements for consecutive used positions from `first`, as the ring holds them.
@@ -72,13 +83,10 @@ impl UsedBatch {
         head: u16,
         len: u32,
     ) -> Result<(), RingError> {
-        if head >= ring.size() {
-            return Err(RingError(QueueError::InvalidDescriptorIndex));
-        }
+        let elem = used_elem(ring, head, len)?;
         if self.len >= self.room || pos != self.next {
             self.start(ring, pos)?;
         }
-        let elem = (u64::from(len) << 32 | u64::from(head)).to_le_bytes();
         if let Some(e) = self
             .bytes
             .get_mut(USED_ELEM * self.len..USED_ELEM * (self.len + 1))
