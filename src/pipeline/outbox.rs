@@ -23,7 +23,9 @@ use crate::wire::VirtioNetHdr;
 
 /// Frames an outbox holds before it is written out, whatever the batch: Linux vhost-net
 /// hands its used entries over every VHOST_NET_BATCH (64) frames too, so a receiving guest
-/// never waits for a whole burst.
+/// never waits for a whole burst. The sender's chains are held until then, so fewer frames
+/// cost more publishes and fences per frame, and more leave the sender short of TX
+/// descriptors (docs/performance.md has both, measured).
 pub const OUTBOX_FRAMES: usize = 64;
 
 /// Most frames of one run of the burst path ([`Egress::write_plain`]): what an outbox holds.

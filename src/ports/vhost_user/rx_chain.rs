@@ -567,6 +567,10 @@ fn update_guest<M: GuestMemory>(
 }
 
 /// Stores `src` at the start of `s` (at least as long) unless those bytes hold it already.
+/// A driver that reuses its buffers (DPDK's virtio PMD) finds the header it left there,
+/// and a line that is only read stays in both CPUs' caches, where a store would move it
+/// to this CPU and back again for the driver's read (docs/performance.md has what storing
+/// it always costs).
 #[inline(always)]
 fn update_header<B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
     // The three header sizes (virtio 1.2, 5.1.6), each compared at its own fixed size: a
