@@ -6,6 +6,7 @@ use dpaa_vnic::ports::arena::Arena;
 use dpaa_vnic::ports::vhost_user::rx_chain::{RxError, RxRun};
 use dpaa_vnic::ports::vhost_user::split_ring::{ChainError, SplitRing, MAX_FRAME_DESCS};
 use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxChain, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::used_batch::{put_unwritten, USED_BATCH};
 use dpaa_vnic::ports::vhost_user::{pop_ctrl, CtrlChain};
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -731,6 +732,22 @@ fn tx_batch_matches_chain_by_chain() {
     }
     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert!(batch.is_empty());
+}
+
+/// Chains returned with length 0 in one copy: more than the copy holds are refused, and
+/// then nothing is written.
+#[test]
+fn returning_more_chains_than_one_copy_holds_is_refused() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 256);
+    let q: Queue = vq.create_queue().unwrap();
+    let ring = SplitRing::new(&q, &m).unwrap();
+    let n = USED_BATCH as u16;
+    assert!(put_unwritten(&ring, 0, 1..n + 2).is_err());
+    assert!((0..=n).all(|i| used(&vq, usize::from(i)) == (0, 0)));
+    put_unwritten(&ring, 0, 1..n + 1).unwrap();
+    assert!((0..n).all(|i| used(&vq, usize::from(i)) == (u32::from(i) + 1, 0)));
+    assert_eq!(used(&vq, usize::from(n)), (0, 0));
 }
 
 /// A batch stops at its chain budget, its walk budget, and when the buffer has no room left

@@ -306,7 +306,7 @@ impl RxRun {
                     return Err(RxError::NoBuffers);
                 }
             }
-            let head = ring.head(pos).map_err(RxError::Ring)?;
+            let head = self.heads.at(ring, pos, *avail).map_err(RxError::Ring)?;
             pos = pos.wrapping_add(1);
             let collected = rx
                 .collect(head, ring.chain(head), walked, limit)

@@ -15,19 +15,22 @@ use super::split_ring::{RingError, SplitRing, USED_ELEM};
 pub const USED_BATCH: usize = 64;
 
 /// Writes chains `heads` used with length 0 (nothing written into them: a TX batch's),
-/// at used positions from `first` on, in one copy (two where the ring wraps). At most
-/// [`USED_BATCH`] and a ring's worth; a head past the ring is refused, as virtio-queue's
-/// `add_used` refuses it, and then nothing is written.
+/// at used positions from `first` on, in one copy (two where the ring wraps). More than
+/// [`USED_BATCH`] heads, or more than a ring's worth, are refused, as is a head past the
+/// ring (as virtio-queue's `add_used` refuses it); then nothing is written.
 pub fn put_unwritten<M: GuestMemory>(
     ring: &SplitRing<'_, M>,
     first: u16,
-    heads: impl Iterator<Item = u16>,
+    mut heads: impl Iterator<Item = u16>,
 ) -> Result<(), RingError> {
     let mut bytes = [0u8; USED_ELEM * USED_BATCH];
     let mut n = 0;
-    for (e, head) in bytes.chunks_exact_mut(USED_ELEM).zip(heads) {
+    for (e, head) in bytes.chunks_exact_mut(USED_ELEM).zip(heads.by_ref()) {
         e.copy_from_slice(&used_elem(ring, head, 0)?);
         n += 1;
+    }
+    if heads.next().is_some() {
+        return Err(RingError(QueueError::InvalidSize));
     }
     ring.put_used_elems(first, &bytes[..USED_ELEM * n])
 }
