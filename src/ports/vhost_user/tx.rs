@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arc_swap::Guard;
 use log::{debug, trace, warn};
 use vhost_user_backend::VringT;
-use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use super::budget::{Burst, Mode, TX_BUDGET, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
@@ -199,7 +199,7 @@ impl TxWorker {
             for slot in batch.iter() {
                 spent.chains += 1;
                 spent.walked += slot.chain.walked;
-                let Some((hdr, frame)) = take_chain(tx, stats, mem, &mut arena, slot, hdr_len, &mut taken)
+                let Some((hdr, frame)) = take_chain(tx, stats, &ring, &mut arena, slot, hdr_len, &mut taken)
                 else {
                     continue;
                 };
@@ -235,7 +235,7 @@ impl TxWorker {
 fn take_chain<'a>(
     tx: &TxQueue<'_>,
     stats: &QueueStats,
-    mem: &'a GuestMemoryMmap,
+    ring: &SplitRing<'a, GuestMemoryMmap>,
     arena: &mut Arena<'a>,
     slot: &TxSlot,
     hdr_len: usize,
@@ -258,10 +258,11 @@ fn take_chain<'a>(
     let (hdr, frame) = chain.split_at_mut(hdr_len.min(n));
     let frame = match slot.rest {
         None => Some(BurstFrame::new(frame)),
-        // `take_tx_batch` found the whole chain in one region: this finds the same.
-        Some(r) => mem
-            .get_slice(r.at, n.saturating_sub(r.copied))
-            .ok()
+        // `take_tx_batch` found the whole chain in one region through the ring's buffers:
+        // this finds the same, in the region they looked at last.
+        Some(r) => ring
+            .buffers()
+            .slice(r.at, n.saturating_sub(r.copied))
             .and_then(|rest| BurstFrame::with_rest(frame, rest)),
     };
     let Some(frame) = frame else {
