@@ -95,7 +95,6 @@ fn bench_queues(c: &mut Criterion) {
                         walk: 8192,
                         quiet: false,
                         one_desc: true,
-                        in_order: false,
                     };
                     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits, &mut batch).unwrap();
                     if batch.is_empty() {

@@ -61,7 +61,6 @@ fn limits(frame_max: usize) -> BatchLimits {
         walk: 8192,
         quiet: false,
         one_desc: true,
-        in_order: false,
     }
 }
 
@@ -74,7 +73,6 @@ fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain>
         walk: 8192,
         quiet: false,
         one_desc: true,
-        in_order: false,
     };
     pop_tx_batch(q, m, HDR, buf, lim, &mut batch).unwrap();
     batch.pop().map(|s| s.chain)
@@ -734,41 +732,6 @@ fn tx_batch_matches_chain_by_chain() {
     }
     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert!(batch.is_empty());
-}
-
-/// With VIRTIO_F_IN_ORDER acked, a batch goes back as one used element, its last chain's,
-/// with the used index moved past all of them (virtio 1.2, 2.7.9); the other elements
-/// keep what they held.
-#[test]
-fn an_in_order_batch_is_returned_by_its_last_element() {
-    let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
-    let f = frame(60);
-    m.write_slice(&[0u8; HDR], GuestAddress(0x2_0000)).unwrap();
-    m.write_slice(&f, GuestAddress(0x2_0000 + HDR as u64)).unwrap();
-    let descs: Vec<_> = (0..5)
-        .map(|i| (i, d(0x2_0000, (HDR + 60) as u32, 0, 0)))
-        .collect();
-    publish(&vq, &descs, &[0, 1, 2, 3, 4]);
-    let stale = [0xa5u8; 16 * 8];
-    m.write_slice(&stale, vq.used_addr().unchecked_add(4)).unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
-    let mut buf = vec![0u8; 4 * 65_562];
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
-    let in_order = BatchLimits {
-        in_order: true,
-        ..limits(65_562)
-    };
-    pop_tx_batch(&mut q, &m, HDR, &mut buf, in_order, &mut batch).unwrap();
-    assert_eq!(batch.len(), 5);
-    assert!(batch
-        .iter()
-        .all(|s| matches!(s.chain.result, Ok(n) if n == HDR + 60)));
-    assert_eq!(used_idx(&vq), 5);
-    assert_eq!(used(&vq, 4), (4, 0), "the batch's last chain");
-    for i in (0..4).chain(5..16) {
-        assert_eq!(used(&vq, i), (0xa5a5_a5a5, 0xa5a5_a5a5), "element {i} left alone");
-    }
 }
 
 /// Chains returned with length 0 in one copy: more than the copy holds are refused, and

@@ -379,7 +379,7 @@ proptest! {
         let l = with_plain(l, plain, 0, 0);
         let (m1, mut q1) = build(&l);
         let (m2, mut q2) = build(&l);
-        let limits = |one_desc| BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc, in_order: false };
+        let limits = |one_desc| BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc };
         let (mut b1, mut b2) = (vec![0u8; 0x4000], vec![0u8; 0x4000]);
         let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
         let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
@@ -456,7 +456,7 @@ proptest! {
         let l = with_plain(l, plain, 0, 0);
         let (m1, mut q1) = build(&l);
         let (m2, mut q2) = build(&l);
-        let limits = BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc: true, in_order: false };
+        let limits = BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc: true };
         let (mut b1, mut b2) = (vec![0u8; 0x4000], vec![0u8; 0x4000]);
         let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
         let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
@@ -522,7 +522,7 @@ proptest! {
         // more, and needs a reset: what it promised ends there.
         let mut broken = false;
         if tx {
-            let limits = BatchLimits { frame_max: 0x200, chains: 256, walk: 8192, quiet: false, one_desc: true, in_order: false };
+            let limits = BatchLimits { frame_max: 0x200, chains: 256, walk: 8192, quiet: false, one_desc: true };
             let mut buf = vec![0u8; 0x4000];
             let mut slots = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
             for _ in 0..3 {

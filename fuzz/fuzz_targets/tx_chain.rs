@@ -118,7 +118,6 @@ fuzz_target!(|data: &[u8]| {
             walk: 8192,
             quiet: false,
             one_desc: true,
-            in_order: false,
         },
     );
     let Some((m, mut q)) = common::queue(data) else {
@@ -140,8 +139,6 @@ fuzz_target!(|data: &[u8]| {
         walk: 8192,
         quiet: false,
         one_desc: true,
-        // Either way the driver's chains go back: one element per batch, or each its own.
-        in_order: data.first().is_some_and(|b| b & 1 == 1),
     };
     for _ in 0..common::QSIZE {
         let mut arena = Arena::new(&mut buf);

@@ -98,12 +98,6 @@ impl Negotiated {
         }
     }
 
-    /// The driver uses buffers in the order it made them available (VIRTIO_F_IN_ORDER), and
-    /// takes a batch of them back by one used element, its last (virtio 1.2, 2.7.9).
-    pub fn in_order(&self) -> bool {
-        self.has(VIRTIO_F_IN_ORDER)
-    }
-
     pub fn mrg_rxbuf(&self) -> bool {
         self.has(VIRTIO_NET_F_MRG_RXBUF)
     }

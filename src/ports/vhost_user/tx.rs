@@ -81,7 +81,7 @@ impl Spent {
     }
 
     /// What the next batch may take, `popped` chains into the current outbox.
-    fn next_batch(&self, popped: usize, mode: Mode, in_order: bool) -> BatchLimits {
+    fn next_batch(&self, popped: usize, mode: Mode) -> BatchLimits {
         BatchLimits {
             frame_max: TX_BUF,
             chains: (TX_BUDGET - self.chains).min(OUTBOX_FRAMES - popped),
@@ -90,7 +90,6 @@ impl Spent {
             // ring was started anew, and written only if it changes.
             quiet: mode == Mode::Polled,
             one_desc: true,
-            in_order,
         }
     }
 }
@@ -183,7 +182,7 @@ impl TxWorker {
         let mut last_rules: Option<Guard<Arc<Rules>>> = None;
         let (mut popped, mut ended) = (0, Ok(()));
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
-            let limits = spent.next_batch(popped, mode, tx.feat.in_order());
+            let limits = spent.next_batch(popped, mode);
             ended = take_tx_batch(q, &ring, hdr_len, copy_limit, arena.room(), limits, batch);
             if ended.is_err() || batch.is_empty() {
                 break;

@@ -70,11 +70,6 @@ pub struct BatchLimits {
     /// Whether a chain of one descriptor may take the lane that skips the general walk
     /// ([`copy_one_desc`]); false only where the lane is checked against the walk.
     pub one_desc: bool,
-    /// The driver acked VIRTIO_F_IN_ORDER: the batch is returned by one used element, its
-    /// last chain's, and the used index moved past them all (virtio 1.2, 2.7.9). The
-    /// other elements are left as they were; such a driver counts its buffers back by the
-    /// index (DPDK's `virtio_xmit_cleanup_inorder` reads no element at all).
-    pub in_order: bool,
 }
 
 /// Copies up to `limits.chains` available TX chains into `buf`, back to back, each given at
@@ -159,16 +154,7 @@ pub fn take_tx_batch<M: GuestMemory>(
     // Every chain is used with length 0 (nothing written); the driver is told at
     // `return_tx_chains`.
     let used = q.next_used();
-    let skip = if limits.in_order {
-        out.len().saturating_sub(1)
-    } else {
-        0
-    };
-    put_unwritten(
-        ring,
-        used.wrapping_add(skip as u16),
-        out.iter().skip(skip).map(|s| s.chain.head),
-    )?;
+    put_unwritten(ring, used, out.iter().map(|s| s.chain.head))?;
     q.set_next_used(used.wrapping_add(out.len() as u16));
     Ok(())
 }
