@@ -309,7 +309,7 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
             self.avail.read_bytes(self.mem(), 4 + off, &mut bytes[range])
         })?;
         // Converted over the whole array, a loop of fixed length the compiler turns into a
-        // few vector moves, then cut to `n`: pushed one by one, each head paid a check.
+        // few vector moves, then cut to `n`: no capacity check per head.
         let mut all = [0u16; HEADS_AT_ONCE];
         for (h, b) in all.iter_mut().zip(whole.chunks_exact(AVAIL_ENTRY)) {
             *h = u16::from_le_bytes([b[0], b[1]]);
