@@ -1,13 +1,18 @@
 //! How much a worker thread serves per wake-up before it goes back to its event loop (and
 //! so notices a disconnect, and lets its other queues in), and how a burst ended.
 
-/// TX chains served per wake-up: Linux vhost-net's VHOST_NET_PKT_WEIGHT.
-pub const TX_BUDGET: usize = 256;
+/// TX chains served per wake-up: four times Linux vhost-net's VHOST_NET_PKT_WEIGHT (256).
+/// vhost-net requeues its work for free when the weight runs out; here the worker goes
+/// round its event loop (`Burst::More`: an eventfd written, `epoll_wait`, the eventfd
+/// read), three system calls per budget: at 256 chains a measurable share of a small
+/// frame's cost (docs/performance.md, "What shaped the path"). The thread's other queues
+/// wait at most this many frames.
+pub const TX_BUDGET: usize = 1024;
 
 /// Descriptors walked per TX wake-up, likewise: a Linux guest's chains hold at most
-/// MAX_SKB_FRAGS + 2 (19 by default) descriptors, so 256 such chains fit; chains of up to
+/// MAX_SKB_FRAGS + 2 (19 by default) descriptors, so 1024 such chains fit; chains of up to
 /// MAX_FRAME_DESCS zero-length descriptors do not buy a guest more than this per wake.
-pub const TX_WALK_BUDGET: usize = 8192;
+pub const TX_WALK_BUDGET: usize = 32768;
 
 /// Control commands served per wake-up; each may be a table of 64 Ki entries.
 pub const CTRL_BUDGET: usize = 64;
