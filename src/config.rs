@@ -64,6 +64,8 @@ pub enum ConfigError {
     SnoopTimeoutAlone,
     #[error("--ctrl-poll-us {0} is out of range 0..=100000")]
     CtrlPoll(u64),
+    #[error("--tx-poll-us {0} is out of range 0..=100000")]
+    TxPoll(u64),
     #[error("{what} {spec}: port {port} does not exist ({ports} ports: --socket in order, then --tap)")]
     Port {
         what: &'static str,
@@ -133,6 +135,8 @@ pub struct Config {
     pub exact_limit: usize,
     /// How long the control thread polls its ring after a command (`--ctrl-poll-us`).
     pub ctrl_poll: std::time::Duration,
+    /// How long an event-driven TX worker polls its ring after a burst (`--tx-poll-us`).
+    pub tx_poll: std::time::Duration,
     /// `--handshake-timeout` (`None`: no limit).
     pub handshake: Option<std::time::Duration>,
     pub qmp: Vec<QmpSpec>,
@@ -341,6 +345,9 @@ impl Checks<'_> {
         if self.ctrl_poll_us > 100_000 {
             return Err(ConfigError::CtrlPoll(self.ctrl_poll_us));
         }
+        if self.tx_poll_us > 100_000 {
+            return Err(ConfigError::TxPoll(self.tx_poll_us));
+        }
         if self.fdb_limit == 0 || self.neigh_limit == 0 || self.snoop_max_groups == 0 {
             return Err(ConfigError::Limit);
         }
@@ -419,6 +426,7 @@ impl TryFrom<RunArgs> for Config {
             filter: a.filter,
             exact_limit: a.exact_limit,
             ctrl_poll: std::time::Duration::from_micros(a.ctrl_poll_us),
+            tx_poll: std::time::Duration::from_micros(a.tx_poll_us),
             handshake: (a.handshake_timeout > 0).then(|| std::time::Duration::from_secs(a.handshake_timeout)),
             qmp: a.qmp,
             snoop: if a.snoop {
@@ -478,6 +486,8 @@ mod tests {
         assert_eq!(c.socket_access, SocketAccess::default());
         assert_eq!(c.metrics, None);
         assert_eq!(c.ctrl_poll, std::time::Duration::from_millis(1));
+        // A TX worker sleeps as soon as its ring is empty unless asked to poll.
+        assert_eq!(c.tx_poll, std::time::Duration::ZERO);
         assert_eq!(c.snoop, Snooping::Off);
         // Event-driven unless poll mode is asked for.
         assert_eq!(c.poll, None);
@@ -514,6 +524,13 @@ mod tests {
         }
         assert!(matches!(p(&["--poll", "0"]), Err(ConfigError::PollThreads(0))));
         assert!(matches!(p(&["--poll", "65"]), Err(ConfigError::PollThreads(65))));
+        // The event-driven worker's polling window after a burst.
+        assert_eq!(
+            parse(&["--socket", "a", "--tx-poll-us", "100001"]),
+            Err(ConfigError::TxPoll(100_001))
+        );
+        let c = parse(&["--socket", "a", "--tx-poll-us", "100000"]).unwrap();
+        assert_eq!(c.tx_poll, std::time::Duration::from_millis(100));
     }
 
     #[test]

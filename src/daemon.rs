@@ -421,6 +421,7 @@ fn guest_port(
     GuestPort::new(id, socket, cfg.queue_pairs, net, filter, switch)
         .with_mac_lock(cfg.mac_lock)
         .with_ctrl_poll(cfg.ctrl_poll)
+        .with_tx_poll(cfg.tx_poll)
         .with_handshake(cfg.handshake)
 }
 

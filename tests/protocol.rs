@@ -87,14 +87,19 @@ fn rig_full(ctrl_poll: Duration, snoop: Snooping) -> Rig {
 
 /// `poll`: the port's TX queue is served by this poll group's threads (`--poll`).
 fn rig_port(ctrl_poll: Duration, snoop: Snooping, poll: Option<Arc<PollGroup>>) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("vnic.sock");
-    let switch = Arc::new(Switch::new(2));
-    let opts = PortOpts {
+    rig_opts(PortOpts {
         ctrl_poll: Some(ctrl_poll),
         snoop,
         poll,
-    };
+        ..PortOpts::default()
+    })
+}
+
+/// A port set up by `opts`, its other port a sink.
+fn rig_opts(opts: PortOpts) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vnic.sock");
+    let switch = Arc::new(Switch::new(2));
     let port = serve_port(&switch, 0, &path, opts);
     let sink = Arc::new(Sink::default());
     switch.attach(1, sink.clone());
@@ -259,6 +264,53 @@ fn poll_mode_serves_tx_without_kicks() {
     stop.request();
     let late = dpaa_vnic::stop::stop_all(threads, std::time::Instant::now() + Duration::from_secs(5));
     assert_eq!(late, 0);
+}
+
+/// `--tx-poll-us`: after a burst, the worker keeps polling its TX ring for the window, so a
+/// frame the driver adds meanwhile is served without a kick; once the window has passed with
+/// nothing new, notifications are back on and a frame waits for its kick.
+#[test]
+fn tx_poll_window_serves_frames_without_kicks() {
+    const WINDOW: Duration = Duration::from_millis(300);
+    let r = rig_opts(PortOpts {
+        ctrl_poll: Some(CTRL_POLL),
+        tx_poll: Some(WINDOW),
+        ..PortOpts::default()
+    });
+    let g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
+    let txq = g.queue(1);
+    let add = |i: u16| {
+        let f = frame("ff:ff:ff:ff:ff:ff", 60);
+        let at = 0x10_0000 + 0x2000 * u64::from(i);
+        g.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
+        g.mem.write_slice(&f, GuestAddress(at + 0x1000)).unwrap();
+        txq.add_desc_chains(
+            &[d(at, HDR as u32, F_NEXT, 2 * i + 1), d(at + 0x1000, 60, 0, 0)],
+            2 * i,
+        )
+        .unwrap();
+    };
+    add(0);
+    g.kick[1].write(1).unwrap();
+    wait_until("the kicked frame used", || txq.used().idx().load() == 1);
+    // Within the window: no kick.
+    add(1);
+    wait_until("a frame in the window used without a kick", || {
+        txq.used().idx().load() == 2
+    });
+    // Well past the window (it starts again after each burst that found frames).
+    thread::sleep(3 * WINDOW);
+    add(2);
+    thread::sleep(WINDOW);
+    assert_eq!(
+        txq.used().idx().load(),
+        2,
+        "served without a kick after the window"
+    );
+    g.kick[1].write(1).unwrap();
+    wait_until("the frame used once kicked", || txq.used().idx().load() == 3);
+    assert_eq!(r.sink.0.lock().unwrap().len(), 3);
+    assert_eq!(r.port.stats()[0].tx_packets, 3);
 }
 
 /// A refill kick on an RX queue is answered by asking the driver to stop: nothing waits for

@@ -14,10 +14,12 @@ use dpaa_vnic::ports::poll::PollGroup;
 use dpaa_vnic::ports::vhost_user::{self, FilterConfig, GuestPort, Snooping};
 
 /// What [`serve_port`] sets up beyond the defaults: the control thread's poll window
-/// (`--ctrl-poll-us`; `None`, the daemon's), snooping, a poll group to serve the TX queue.
+/// (`--ctrl-poll-us`; `None`, the daemon's), the TX worker's (`--tx-poll-us`), snooping,
+/// a poll group to serve the TX queue.
 #[derive(Default)]
 pub struct PortOpts {
     pub ctrl_poll: Option<Duration>,
+    pub tx_poll: Option<Duration>,
     pub snoop: Snooping,
     pub poll: Option<Arc<PollGroup>>,
 }
@@ -41,6 +43,9 @@ pub fn serve_port(switch: &Arc<Switch>, id: usize, path: &Path, opts: PortOpts) 
     let mut port = GuestPort::new(id, path.to_path_buf(), 1, cfg, filter, switch.clone());
     if let Some(poll) = opts.ctrl_poll {
         port = port.with_ctrl_poll(poll);
+    }
+    if let Some(poll) = opts.tx_poll {
+        port = port.with_tx_poll(poll);
     }
     let port = Arc::new(match opts.poll {
         Some(group) => port.with_poll(group),

@@ -17,7 +17,7 @@
 //! then sleeps.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use log::{debug, warn};
 use vhost_user_backend::VringT;
@@ -25,6 +25,7 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryMmap, Permissions};
 
+use super::avail_watch::poll_avail;
 use super::budget::{Burst, CTRL_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{walk_one, ChainError, Mem, RingError, Vring, MAX_FRAME_DESCS};
@@ -312,38 +313,6 @@ impl CtrlQueue<'_> {
             }
         }
     }
-}
-
-/// Spins up to `window` for a new available descriptor; true if one arrived.
-fn poll_avail(vring: &Vring, mem: &GuestMemoryMmap, window: Duration) -> bool {
-    if window.is_zero() {
-        return false;
-    }
-    // This thread is the control queue's only consumer, so the ring address and the next
-    // index to serve cannot change while it spins: read them once, then watch the avail
-    // index in guest memory without taking the vring lock on every spin.
-    let (idx_addr, next) = {
-        let st = vring.get_ref();
-        let q = st.get_queue();
-        (q.avail_ring().checked_add(2), q.next_avail())
-    };
-    let Some(idx_addr) = idx_addr.map(GuestAddress) else {
-        return false;
-    };
-    let deadline = Instant::now() + window;
-    for spin in 0u32.. {
-        match mem.load::<u16>(idx_addr, Ordering::Acquire) {
-            Ok(idx) if u16::from_le(idx) != next => return true,
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        // The clock is read every 64 spins, not on each.
-        if spin % 64 == 63 && Instant::now() >= deadline {
-            return false;
-        }
-        std::hint::spin_loop();
-    }
-    false
 }
 
 /// Whether the driver wants an interrupt for the commands just returned (through

@@ -85,6 +85,9 @@ pub struct GuestPort {
     query_tally: TallyHandle,
     /// How long the control thread keeps polling its ring after a command (`--ctrl-poll-us`).
     pub(super) ctrl_poll: Duration,
+    /// How long an event-driven TX worker keeps polling its ring after a burst
+    /// (`--tx-poll-us`).
+    pub(super) tx_poll: Duration,
     /// How long a frontend has to claim the port once connected (`--handshake-timeout`).
     pub(super) handshake: Option<Duration>,
     /// The guest's reported groups (`--snoop`), under a lock of their own: a guest's
@@ -147,6 +150,7 @@ impl GuestPort {
             tallies: switch.tallies().clone(),
             switch: Arc::downgrade(&switch),
             ctrl_poll: Duration::from_millis(1),
+            tx_poll: Duration::ZERO,
             handshake: None,
             snoop: Mutex::new(snooper),
             snooped_groups: AtomicUsize::new(0),
@@ -174,6 +178,13 @@ impl GuestPort {
     /// a driver sends its rx-mode commands back to back and busy-waits on each ack.
     pub fn with_ctrl_poll(mut self, poll: Duration) -> Self {
         self.ctrl_poll = poll;
+        self
+    }
+
+    /// `--tx-poll-us`: how long an event-driven TX worker polls its ring after a burst
+    /// that found frames, before it asks for kicks and sleeps.
+    pub fn with_tx_poll(mut self, poll: Duration) -> Self {
+        self.tx_poll = poll;
         self
     }
 

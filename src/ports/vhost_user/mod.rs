@@ -12,9 +12,10 @@
 //! - `guest_port`: what a port keeps while frontends come and go; `connection` serves them
 //!   one after another, `session` is one connection's vhost-user backend, `relay` passes
 //!   its messages to vhost-user-backend's handler;
-//! - `health`, `budget`, `memcheck`, `sigbus`: what the rest leans on.
+//! - `health`, `budget`, `avail_watch`, `memcheck`, `sigbus`: what the rest leans on.
 
 mod avail_heads;
+mod avail_watch;
 mod budget;
 mod config_change;
 mod connection;

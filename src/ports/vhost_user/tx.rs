@@ -11,6 +11,7 @@ use log::{debug, trace, warn};
 use vhost_user_backend::VringT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
+use super::avail_watch::poll_avail;
 use super::budget::{Burst, Mode, TX_BUDGET, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
@@ -96,7 +97,8 @@ impl Spent {
 
 impl TxWorker {
     /// Serves TX queue `tx.pair`: up to [`TX_BUDGET`] chains. Kicked, with the driver's
-    /// notifications off meanwhile; polled, with them left off.
+    /// notifications off meanwhile (and for `--tx-poll-us` after the ring runs dry);
+    /// polled, with them left off.
     pub(super) fn burst(&mut self, tx: &TxQueue<'_>, vring: &Vring, mode: Mode) -> Result<Burst, RingError> {
         if self.arena.len() < ARENA {
             self.arena.resize(ARENA, 0);
@@ -118,6 +120,11 @@ impl TxWorker {
             }
             if spent.chains == 0 && mode == Mode::Polled {
                 break Burst::Empty;
+            }
+            // `--tx-poll-us`: after a burst that found frames, the driver's next ones are
+            // waited for a while, with notifications still off, rather than kicked for.
+            if mode == Mode::Kicked && spent.chains > 0 && poll_avail(vring, &mem, tx.port.tx_poll) {
+                continue;
             }
             if mode == Mode::Polled || !vring.enable_notification().map_err(RingError)? {
                 break Burst::Done;
