@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dpaa_vnic::device::features::Attachment;
 use dpaa_vnic::pipeline::{Egress, Outbox, OutboxBuffers, Packet, PortFrames, Switch};
@@ -266,12 +266,14 @@ fn poll_mode_serves_tx_without_kicks() {
     assert_eq!(late, 0);
 }
 
-/// `--tx-poll-us`: after a burst, the worker keeps polling its TX ring for the window, so a
-/// frame the driver adds meanwhile is served without a kick; once the window has passed with
-/// nothing new, notifications are back on and a frame waits for its kick.
+/// `--tx-poll-us`: after a round that served a burst (half of this test's ring of 16), the
+/// worker hands the chains back at once and keeps polling its TX ring for the window, so a
+/// frame the driver adds meanwhile is served without a kick. Once the window has passed with
+/// nothing new, or after a round of one frame, notifications are back on and a frame waits
+/// for its kick.
 #[test]
 fn tx_poll_window_serves_frames_without_kicks() {
-    const WINDOW: Duration = Duration::from_millis(300);
+    const WINDOW: Duration = Duration::from_millis(500);
     let r = rig_opts(PortOpts {
         ctrl_poll: Some(CTRL_POLL),
         tx_poll: Some(WINDOW),
@@ -279,38 +281,48 @@ fn tx_poll_window_serves_frames_without_kicks() {
     });
     let g = Guest::connect(&r.path, VERSION_1 | PROTOCOL_FEATURES);
     let txq = g.queue(1);
-    let add = |i: u16| {
+    // Chains `from..to`, one descriptor each, made available at once.
+    let add = |from: u16, to: u16| {
         let f = frame("ff:ff:ff:ff:ff:ff", 60);
-        let at = 0x10_0000 + 0x2000 * u64::from(i);
-        g.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
-        g.mem.write_slice(&f, GuestAddress(at + 0x1000)).unwrap();
-        txq.add_desc_chains(
-            &[d(at, HDR as u32, F_NEXT, 2 * i + 1), d(at + 0x1000, 60, 0, 0)],
-            2 * i,
-        )
-        .unwrap();
+        let descs: Vec<_> = (from..to)
+            .map(|i| {
+                let at = 0x10_0000 + 0x1000 * u64::from(i);
+                g.mem.write_slice(&[0u8; HDR], GuestAddress(at)).unwrap();
+                g.mem.write_slice(&f, GuestAddress(at + HDR as u64)).unwrap();
+                d(at, (HDR + f.len()) as u32, 0, 0)
+            })
+            .collect();
+        txq.add_desc_chains(&descs, from).unwrap();
     };
-    add(0);
+    let used = || txq.used().idx().load();
+    add(0, 8);
     g.kick[1].write(1).unwrap();
-    wait_until("the kicked frame used", || txq.used().idx().load() == 1);
-    // Within the window: no kick.
-    add(1);
-    wait_until("a frame in the window used without a kick", || {
-        txq.used().idx().load() == 2
-    });
-    // Well past the window (it starts again after each burst that found frames).
-    thread::sleep(3 * WINDOW);
-    add(2);
-    thread::sleep(WINDOW);
-    assert_eq!(
-        txq.used().idx().load(),
-        2,
-        "served without a kick after the window"
+    wait_until("the kicked burst used", || used() == 8);
+    let t0 = Instant::now();
+    wait_until("the burst's interrupt", || g.call[1].read().is_ok());
+    assert!(
+        t0.elapsed() < WINDOW / 2,
+        "the interrupt waited for the watch to end"
     );
+    // Within the window: no kick.
+    add(8, 9);
+    wait_until("a frame in the window used without a kick", || used() == 9);
+    // Past the window (it starts again after each round in it).
+    thread::sleep(2 * WINDOW);
+    add(9, 10);
+    thread::sleep(WINDOW / 5);
+    assert_eq!(used(), 9, "served without a kick after the window");
     g.kick[1].write(1).unwrap();
-    wait_until("the frame used once kicked", || txq.used().idx().load() == 3);
-    assert_eq!(r.sink.0.lock().unwrap().len(), 3);
-    assert_eq!(r.port.stats()[0].tx_packets, 3);
+    wait_until("the frame used once kicked", || used() == 10);
+    // A round of one frame starts no watch (the worker given time to finish it first).
+    thread::sleep(WINDOW / 5);
+    add(10, 11);
+    thread::sleep(WINDOW / 5);
+    assert_eq!(used(), 10, "a round of one frame was watched after");
+    g.kick[1].write(1).unwrap();
+    wait_until("the frame used once kicked", || used() == 11);
+    assert_eq!(r.sink.0.lock().unwrap().len(), 11);
+    assert_eq!(r.port.stats()[0].tx_packets, 11);
 }
 
 /// A refill kick on an RX queue is answered by asking the driver to stop: nothing waits for

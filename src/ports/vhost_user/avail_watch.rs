@@ -11,38 +11,68 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::split_ring::Vring;
+use super::split_ring::{driver_says_at, interrupt_wanted, Vring};
 
-/// Spins up to `window` for a new available descriptor; true if one arrived.
-pub(super) fn poll_avail(vring: &Vring, mem: &GuestMemoryMmap, window: Duration) -> bool {
-    if window.is_zero() {
-        return false;
-    }
-    // The calling thread is the queue's only consumer, so the next index to serve cannot
-    // change while it spins: read it and the ring's address once, then watch the avail
-    // index in guest memory without taking the vring lock on every spin. Should the
-    // frontend move the ring meanwhile, the old address still lies in `mem` (this burst's
-    // memory), and the worst a stale read does is end the wait early.
-    let (idx_addr, next) = {
+/// What a watch reads of a ring, taken once under the vring's lock. The calling thread is
+/// the queue's only consumer, so the next index to serve and the next used one cannot
+/// change while it watches: the avail index is then read in guest memory, with no lock on
+/// every spin. Should the frontend move the ring meanwhile, the old address still lies in
+/// the memory the caller holds for its burst, and a stale read either ends the wait early
+/// or lets it run the whole window: bounded either way, and the worker reads the ring
+/// afresh after it.
+pub(super) struct AvailWatch {
+    idx: GuestAddress,
+    next: u16,
+    says: GuestAddress,
+    event_idx: bool,
+    next_used: u16,
+}
+
+impl AvailWatch {
+    /// `None` for a ring whose addresses do not add up.
+    pub(super) fn new(vring: &Vring) -> Option<AvailWatch> {
         let st = vring.get_ref();
         let q = st.get_queue();
-        (q.avail_ring().checked_add(2), q.next_avail())
-    };
-    let Some(idx_addr) = idx_addr.map(GuestAddress) else {
-        return false;
-    };
-    let deadline = Instant::now() + window;
-    for spin in 0u32.. {
-        match mem.load::<u16>(idx_addr, Ordering::Acquire) {
-            Ok(idx) if u16::from_le(idx) != next => return true,
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        // The clock is read every 64 spins, not on each.
-        if spin % 64 == 63 && Instant::now() >= deadline {
-            return false;
-        }
-        std::hint::spin_loop();
+        let avail = q.avail_ring();
+        Some(AvailWatch {
+            idx: GuestAddress(avail.checked_add(2)?),
+            next: q.next_avail(),
+            says: GuestAddress(avail.checked_add(driver_says_at(q.event_idx_enabled(), q.size()))?),
+            event_idx: q.event_idx_enabled(),
+            next_used: q.next_used(),
+        })
     }
-    false
+
+    /// Whether the driver wants an interrupt for the `added` used entries up to the next
+    /// used index, as this CPU last saw its request: no fence (`SplitRing::wants_interrupt`
+    /// has one), so a request the driver has just made may be missed. Right to act on when
+    /// true; a worker that will sleep asks `SplitRing::wants_interrupt` over the same
+    /// entries before it does.
+    pub(super) fn driver_wants_interrupt(&self, mem: &GuestMemoryMmap, added: u16) -> bool {
+        mem.load::<u16>(self.says, Ordering::Relaxed)
+            .is_ok_and(|said| interrupt_wanted(self.event_idx, u16::from_le(said), self.next_used, added))
+    }
+
+    /// Spins up to `window` for a new available descriptor; true if one arrived.
+    pub(super) fn wait(&self, mem: &GuestMemoryMmap, window: Duration) -> bool {
+        let deadline = Instant::now() + window;
+        for spin in 0u32.. {
+            match mem.load::<u16>(self.idx, Ordering::Acquire) {
+                Ok(idx) if u16::from_le(idx) != self.next => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+            // The clock is read every 64 spins, not on each.
+            if spin % 64 == 63 && Instant::now() >= deadline {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        false
+    }
+}
+
+/// Spins up to `window` for a new available descriptor on `vring`; true if one arrived.
+pub(super) fn poll_avail(vring: &Vring, mem: &GuestMemoryMmap, window: Duration) -> bool {
+    !window.is_zero() && AvailWatch::new(vring).is_some_and(|w| w.wait(mem, window))
 }

@@ -414,21 +414,38 @@ impl<'m, M: GuestMemory + ?Sized> SplitRing<'m, M> {
         // The used index was stored before the driver's used_event or flags are read
         // (virtio 1.2, 2.7.10): a store-load order, so a full fence.
         fence(Ordering::SeqCst);
-        if event_idx {
-            let used_event = self
-                .avail
-                .load_u16(self.mem(), 4 + 2 * u64::from(self.size), Ordering::Relaxed)
-                .map_err(RingError)?;
-            let (new, used_event) = (Wrapping(next_used), Wrapping(used_event));
-            let old = new - Wrapping(added);
-            return Ok(new - used_event - Wrapping(1) < new - old);
-        }
-        let flags = self
+        let said = self
             .avail
-            .load_u16(self.mem(), 0, Ordering::Relaxed)
+            .load_u16(
+                self.mem(),
+                driver_says_at(event_idx, self.size),
+                Ordering::Relaxed,
+            )
             .map_err(RingError)?;
-        Ok(flags & AVAIL_F_NO_INTERRUPT == 0)
+        Ok(interrupt_wanted(event_idx, said, next_used, added))
     }
+}
+
+/// Where in the avail ring of a queue of `size` the driver says whether it wants
+/// interrupts: `used_event` under EVENT_IDX, after the ring's entries (virtio 1.2, 2.7.6),
+/// else `flags`.
+pub fn driver_says_at(event_idx: bool, size: u16) -> u64 {
+    if event_idx {
+        4 + 2 * u64::from(size)
+    } else {
+        0
+    }
+}
+
+/// Whether a driver that `said` so ([`driver_says_at`]) wants an interrupt for the `added`
+/// used entries just published, up to `next_used`.
+pub fn interrupt_wanted(event_idx: bool, said: u16, next_used: u16, added: u16) -> bool {
+    if event_idx {
+        let (new, used_event) = (Wrapping(next_used), Wrapping(said));
+        let old = new - Wrapping(added);
+        return new - used_event - Wrapping(1) < new - old;
+    }
+    said & AVAIL_F_NO_INTERRUPT == 0
 }
 
 /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags.

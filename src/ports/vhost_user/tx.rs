@@ -9,10 +9,11 @@ use std::sync::Arc;
 use arc_swap::Guard;
 use log::{debug, trace, warn};
 use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
-use super::avail_watch::poll_avail;
-use super::budget::{Burst, Mode, TX_BUDGET, TX_WALK_BUDGET};
+use super::avail_watch::AvailWatch;
+use super::budget::{Burst, Mode, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
 use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH};
@@ -105,10 +106,21 @@ impl TxWorker {
         }
         let mem = tx.mem.memory();
         let mut spent = Spent::default();
+        // Whether the ring is being watched (`--tx-poll-us`): from a round of a driver's
+        // burst on, for as long as each watch finds more.
+        let mut watching = false;
+        let watch_from = if tx.port.tx_poll.is_zero() || mode == Mode::Polled {
+            usize::MAX
+        } else {
+            watch_from(vring)
+        };
+        // Chains served when the driver was last signalled.
+        let mut signalled = 0;
         let burst = 'wake: loop {
             if mode == Mode::Kicked {
                 vring.disable_notification().map_err(RingError)?;
             }
+            let before = spent.chains;
             loop {
                 if spent.exhausted() {
                     // Notifications stay off: the worker comes back by itself.
@@ -121,16 +133,28 @@ impl TxWorker {
             if spent.chains == 0 && mode == Mode::Polled {
                 break Burst::Empty;
             }
-            // `--tx-poll-us`: after a burst that found frames, the driver's next ones are
-            // waited for a while, with notifications still off, rather than kicked for.
-            if mode == Mode::Kicked && spent.chains > 0 && poll_avail(vring, &mem, tx.port.tx_poll) {
-                continue;
+            // `--tx-poll-us`: after a round that served a driver's burst, its next ones are
+            // waited for a while, with notifications still off, rather than kicked for. A
+            // round that served nothing ends the watch, so each one costs budget.
+            let round = spent.chains - before;
+            watching = round > 0 && (watching || round >= watch_from);
+            if let Some(watch) = watching.then(|| AvailWatch::new(vring)).flatten() {
+                // A driver that waits for its chains back (its ring full) gets them now,
+                // not after the watch: asked without a fence, which the check before
+                // sleeping makes over every chain since.
+                if watch.driver_wants_interrupt(&mem, unsignalled(spent.chains - signalled)) {
+                    tx.port.health.signal(vring, 2 * tx.pair + 1);
+                    signalled = spent.chains;
+                }
+                if watch.wait(&mem, tx.port.tx_poll) {
+                    continue;
+                }
             }
             if mode == Mode::Polled || !vring.enable_notification().map_err(RingError)? {
                 break Burst::Done;
             }
         };
-        if spent.chains > 0 && self::wants_interrupt(vring, &mem, spent.chains)? {
+        if spent.chains > signalled && self::wants_interrupt(vring, &mem, spent.chains - signalled)? {
             tx.port.health.signal(vring, 2 * tx.pair + 1);
         }
         Ok(burst)
@@ -396,10 +420,22 @@ fn chain_refused(tx: &TxQueue<'_>, stats: &QueueStats, head: u16, e: &ChainError
     }
 }
 
-/// Whether the driver wants an interrupt for the `returned` TX chains just given back:
-/// only this queue's worker returns them, so the count is exact.
+/// The chains a round must serve for the worker to watch the ring after it: a burst
+/// ([`TX_POLL_FROM`]), or half a ring too small to hold one.
+fn watch_from(vring: &Vring) -> usize {
+    let size = usize::from(vring.get_ref().get_queue().size());
+    TX_POLL_FROM.min(size / 2).max(1)
+}
+
+/// Whether the driver wants an interrupt for the `returned` TX chains given back since its
+/// last one: only this queue's worker returns them, so the count is exact.
 fn wants_interrupt(vring: &Vring, mem: &GuestMemoryMmap, returned: usize) -> Result<bool, RingError> {
     let st = vring.get_ref();
-    let added = u16::try_from(returned).unwrap_or(u16::MAX);
-    wants_interrupt_after(st.get_queue(), mem, added)
+    wants_interrupt_after(st.get_queue(), mem, unsignalled(returned))
+}
+
+/// Chains returned since the last interrupt, as the used ring counts them: a wake-up
+/// returns at most a budget's worth ([`TX_BUDGET`]), so this never saturates.
+fn unsignalled(returned: usize) -> u16 {
+    u16::try_from(returned).unwrap_or(u16::MAX)
 }
