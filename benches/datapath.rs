@@ -8,11 +8,10 @@
 
 use std::hint::black_box;
 
-use arrayvec::ArrayVec;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dpaa_vnic::ports::vhost_user::rx_chain::RxRun;
 use dpaa_vnic::ports::vhost_user::split_ring::SplitRing;
-use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxBatch, TX_BATCH};
 use dpaa_vnic::wire::checksum;
 use dpaa_vnic::wire::VirtioNetHdr;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -85,7 +84,7 @@ fn bench_queues(c: &mut Criterion) {
         g.bench_function("tx batch (split_ring.rs)", |b| {
             // Room for the largest frame after a batch of this size, as the daemon's arena.
             let mut buf = vec![0u8; 65_562 + TX_BATCH * (HDR + size)];
-            let mut batch: ArrayVec<TxSlot, TX_BATCH> = ArrayVec::new();
+            let mut batch = TxBatch::default();
             b.iter_batched(
                 || fresh_queue(&m, &tx),
                 |mut q| loop {
@@ -100,8 +99,8 @@ fn bench_queues(c: &mut Criterion) {
                     if batch.is_empty() {
                         break;
                     }
-                    for s in batch.drain(..) {
-                        black_box(s.chain.result.unwrap());
+                    for s in batch.slots() {
+                        black_box(batch.result(s).unwrap());
                     }
                 },
                 BatchSize::LargeInput,

@@ -5,7 +5,7 @@
 use dpaa_vnic::ports::arena::Arena;
 use dpaa_vnic::ports::vhost_user::rx_chain::{RxError, RxRun};
 use dpaa_vnic::ports::vhost_user::split_ring::{ChainError, SplitRing, MAX_FRAME_DESCS};
-use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxChain, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxBatch, TxChain, TX_BATCH};
 use dpaa_vnic::ports::vhost_user::used_batch::{put_unwritten, USED_BATCH};
 use dpaa_vnic::ports::vhost_user::{pop_ctrl, CtrlChain};
 use dpaa_vnic::wire::VirtioNetHdr;
@@ -66,7 +66,7 @@ fn limits(frame_max: usize) -> BatchLimits {
 
 /// The next TX chain alone, copied into `buf` and returned used: a batch of one.
 fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain> {
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut batch = TxBatch::default();
     let lim = BatchLimits {
         frame_max: buf.len(),
         chains: 1,
@@ -75,7 +75,7 @@ fn pop_tx(q: &mut Queue, m: &GuestMemoryMmap, buf: &mut [u8]) -> Option<TxChain>
         one_desc: true,
     };
     pop_tx_batch(q, m, HDR, buf, lim, &mut batch).unwrap();
-    batch.pop().map(|s| s.chain)
+    batch.pop()
 }
 
 /// One frame written into `q` as the next of `run`, then published, as a run of one.
@@ -146,7 +146,7 @@ fn a_polled_batch_quiets_the_driver() {
     let vq = MockSplitQueue::new(&m, 16);
     let mut q: Queue = vq.create_queue().unwrap();
     let mut buf = vec![0u8; 4096];
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut batch = TxBatch::default();
     let polled = BatchLimits {
         quiet: true,
         ..limits(2048)
@@ -697,22 +697,23 @@ fn tx_batch_matches_chain_by_chain() {
     let mut q: Queue = vq.create_queue().unwrap();
     let frame_max = 65_562;
     let mut buf = vec![0u8; frame_max + 64 * 1024];
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut batch = TxBatch::default();
     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert_eq!(batch.len(), 6);
-    let heads: Vec<u16> = batch.iter().map(|s| s.chain.head).collect();
+    let heads: Vec<u16> = batch.slots().iter().map(|s| s.head).collect();
     assert_eq!(heads, [0, 2, 5, 6, 7, 8]);
+    let result = |i: usize| batch.result(&batch.slots()[i]);
     let at = |i: usize| {
-        let s = &batch[i];
-        &buf[s.start + HDR..s.start + *s.chain.result.as_ref().unwrap()]
+        let start = batch.slots()[i].start as usize;
+        &buf[start + HDR..start + result(i).unwrap()]
     };
     assert_eq!(at(0), &f1[..]);
     assert_eq!(at(1), &f2[..]);
-    assert!(matches!(batch[2].chain.result, Err(ChainError::WrongDirection)));
-    assert!(matches!(batch[3].chain.result, Err(ChainError::TooShort(4))));
-    assert!(matches!(batch[4].chain.result, Err(ChainError::Broken)));
+    assert!(matches!(result(2), Err(ChainError::WrongDirection)));
+    assert!(matches!(result(3), Err(ChainError::TooShort(4))));
+    assert!(matches!(result(4), Err(ChainError::Broken)));
     assert_eq!(at(5), &f1[..]);
-    assert_eq!(batch[1].start, HDR + 60, "back to back");
+    assert_eq!(batch.slots()[1].start as usize, HDR + 60, "back to back");
     assert_eq!(used_idx(&vq), 6, "every chain returned, refused ones too");
     for (i, h) in heads.iter().enumerate() {
         assert_eq!(used(&vq, i), (u32::from(*h), 0));
@@ -722,11 +723,12 @@ fn tx_batch_matches_chain_by_chain() {
     let copy = buf.clone();
     let mut arena = Arena::new(&mut buf);
     let mut taken = 0;
-    for s in &batch {
-        if let Ok(n) = s.chain.result {
-            assert_eq!(s.start, taken);
+    for s in batch.slots() {
+        if let Ok(n) = batch.result(s) {
+            let start = s.start as usize;
+            assert_eq!(start, taken);
             let slot = arena.take(n).unwrap();
-            assert_eq!(&slot[..], &copy[s.start..s.start + n]);
+            assert_eq!(&slot[..], &copy[start..start + n]);
             taken += n;
         }
     }
@@ -769,7 +771,7 @@ fn tx_batch_stops_at_its_limits() {
     let mut q: Queue = vq.create_queue().unwrap();
     let frame_max = 1000;
     let mut buf = vec![0u8; 4000];
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut batch = TxBatch::default();
     let mut pop = |lim: BatchLimits| {
         pop_tx_batch(&mut q, &m, HDR, &mut buf, lim, &mut batch).unwrap();
         batch.len()

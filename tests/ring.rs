@@ -12,7 +12,7 @@ use dpaa_vnic::ports::vhost_user::split_ring::{
     wants_interrupt_after, GuestBuffers, SplitRing, HEADS_AT_ONCE,
 };
 use dpaa_vnic::ports::vhost_user::tx_chain::{
-    pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH,
+    pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxBatch,
 };
 use dpaa_vnic::ports::vhost_user::used_batch::{put_unwritten, UsedBatch};
 use dpaa_vnic::wire::VirtioNetHdr;
@@ -381,8 +381,7 @@ proptest! {
         let (m2, mut q2) = build(&l);
         let limits = |one_desc| BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc };
         let (mut b1, mut b2) = (vec![0u8; 0x4000], vec![0u8; 0x4000]);
-        let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
-        let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+        let (mut s1, mut s2) = (TxBatch::default(), TxBatch::default());
         for _ in 0..3 {
             let a = pop_tx_batch(&mut q1, &m1, hdr_len, &mut b1, limits(true), &mut s1);
             let b = pop_tx_batch(&mut q2, &m2, hdr_len, &mut b2, limits(false), &mut s2);
@@ -458,8 +457,7 @@ proptest! {
         let (m2, mut q2) = build(&l);
         let limits = BatchLimits { frame_max, chains: 256, walk: 8192, quiet: false, one_desc: true };
         let (mut b1, mut b2) = (vec![0u8; 0x4000], vec![0u8; 0x4000]);
-        let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
-        let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+        let (mut s1, mut s2) = (TxBatch::default(), TxBatch::default());
         let copy_limit = hdr_len + limit;
         for _ in 0..3 {
             let used_at = GuestAddress(q1.used_ring().wrapping_add(2));
@@ -473,19 +471,25 @@ proptest! {
                 prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
                 break;
             }
-            for (x, y) in s1.iter().zip(&s2) {
-                prop_assert_eq!((x.start, format!("{:?}", x.chain)), (y.start, format!("{:?}", y.chain)));
-                let Ok(n) = x.chain.result else { continue };
+            for (x, y) in s1.slots().iter().zip(s2.slots()) {
+                let (rx, ry) = (s1.result(x), s2.result(y));
+                prop_assert_eq!(
+                    (x.start, x.head, x.walked, format!("{rx:?}")),
+                    (y.start, y.head, y.walked, format!("{ry:?}"))
+                );
+                let Ok(n) = rx else { continue };
+                let start = x.start as usize;
                 if let Some(r) = x.rest {
-                    prop_assert!(r.copied == copy_limit && n > copy_limit);
-                    m1.read_slice(&mut b1[x.start + r.copied..x.start + n], r.at).unwrap();
+                    let copied = r.copied as usize;
+                    prop_assert!(copied == copy_limit && n > copy_limit);
+                    m1.read_slice(&mut b1[start + copied..start + n], r.at).unwrap();
                 } else {
                     // Copied whole past the limit: only a chain the lane does not take, one
                     // of several descriptors or whose one descriptor is not plain (an
                     // indirect table of one is walked as one descriptor).
-                    let flags = l.table.get(usize::from(x.chain.head)).map_or(0, |d| d.2);
+                    let flags = l.table.get(usize::from(x.head)).map_or(0, |d| d.2);
                     prop_assert!(
-                        n <= copy_limit || x.chain.walked > 1 || flags != 0,
+                        n <= copy_limit || x.walked > 1 || flags != 0,
                         "a one-descriptor chain copied past the limit"
                     );
                 }
@@ -524,7 +528,7 @@ proptest! {
         if tx {
             let limits = BatchLimits { frame_max: 0x200, chains: 256, walk: 8192, quiet: false, one_desc: true };
             let mut buf = vec![0u8; 0x4000];
-            let mut slots = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+            let mut slots = TxBatch::default();
             for _ in 0..3 {
                 broken = pop_tx_batch(&mut q, &m, hdr_len, &mut buf, limits, &mut slots).is_err();
                 if broken || slots.is_empty() {

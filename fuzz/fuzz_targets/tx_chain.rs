@@ -17,7 +17,7 @@ use dpaa_vnic::pipeline::rules::Rules;
 use dpaa_vnic::pipeline::{Egress, Ingress, OutboxBuffers, Packet, PortFrames, Switch};
 use dpaa_vnic::ports::arena::Arena;
 use dpaa_vnic::ports::vhost_user::split_ring::MAX_FRAME_DESCS;
-use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use dpaa_vnic::ports::vhost_user::tx_chain::{pop_tx_batch, BatchLimits, TxBatch, TX_BATCH};
 use dpaa_vnic::stats::Tally;
 use dpaa_vnic::wire::{EthernetFrame, VirtioNetHdr};
 use libfuzzer_sys::fuzz_target;
@@ -87,8 +87,7 @@ fn lane_matches_walk(data: &[u8], limits: BatchLimits) {
         return;
     };
     let (mut b1, mut b2) = (vec![0u8; 0x2_0000], vec![0u8; 0x2_0000]);
-    let mut s1 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
-    let mut s2 = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let (mut s1, mut s2) = (TxBatch::default(), TxBatch::default());
     let general = BatchLimits {
         one_desc: false,
         ..limits
@@ -132,7 +131,7 @@ fuzz_target!(|data: &[u8]| {
     // lies within the arena where the ones before it end, and its frames go through the
     // switch into one outbox.
     let mut buf = vec![0u8; 65_600 + 4096];
-    let mut batch = arrayvec::ArrayVec::<TxSlot, TX_BATCH>::new();
+    let mut batch = TxBatch::default();
     let limits = BatchLimits {
         frame_max: 65_600,
         chains: 256,
@@ -157,10 +156,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(batch.len() <= TX_BATCH);
         let rules = sw.rules().load();
         let mut taken = 0;
-        for s in batch.drain(..) {
-            assert!(s.chain.walked <= MAX_FRAME_DESCS + 1, "walked {}", s.chain.walked);
-            let Ok(n) = s.chain.result else { continue };
-            assert_eq!(s.start, taken, "chains lie back to back");
+        for s in batch.slots() {
+            assert!(usize::from(s.walked) <= MAX_FRAME_DESCS + 1, "walked {}", s.walked);
+            let Ok(n) = batch.result(s) else { continue };
+            assert_eq!(s.start as usize, taken, "chains lie back to back");
             taken += n;
             let chain = arena.take(n).expect("a chain within the arena");
             let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {

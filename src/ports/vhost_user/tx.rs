@@ -3,7 +3,6 @@
 //! forwards it through the switch into its outbox, which writes the frames into their
 //! receivers when the arena is used up, the outbox is full, or the ring runs dry.
 
-use arrayvec::ArrayVec;
 use std::sync::Arc;
 
 use arc_swap::Guard;
@@ -16,7 +15,7 @@ use super::avail_watch::AvailWatch;
 use super::budget::{Burst, Mode, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
-use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxSlot, TX_BATCH};
+use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxBatch, TxSlot};
 use crate::device::features::Negotiated;
 use crate::logging::error_chain;
 use crate::pipeline::fdb::FdbCache;
@@ -52,7 +51,7 @@ const HEAD: usize = 128;
 #[derive(Default)]
 pub(super) struct TxWorker {
     arena: Vec<u8>,
-    batch: ArrayVec<TxSlot, TX_BATCH>,
+    batch: TxBatch,
     routes: RouteCache,
     fdb: FdbCache,
     originated: Vec<u8>,
@@ -68,6 +67,28 @@ pub(super) struct TxQueue<'s> {
     pub(super) pair: usize,
     /// The worker's own counters.
     pub(super) tally: &'s Tally,
+}
+
+impl<'s> TxQueue<'s> {
+    /// This queue as the switch sees where a frame comes from, with the worker's caches.
+    fn ingress<'w>(
+        &self,
+        routes: &'w mut RouteCache,
+        fdb: &'w mut FdbCache,
+        originated: &'w mut Vec<u8>,
+    ) -> Ingress<'w>
+    where
+        's: 'w,
+    {
+        Ingress {
+            port: self.port.id,
+            queue: self.pair,
+            tally: self.tally,
+            routes,
+            fdb,
+            originated,
+        }
+    }
 }
 
 /// Chains and descriptors a burst has served, against its budget.
@@ -190,14 +211,7 @@ impl TxWorker {
         let hdr_len = tx.feat.hdr_len();
         let mut arena = Arena::new(arena);
         let mut out = tx.switch.outbox(tx.tally, outbox);
-        let mut from = Ingress {
-            port: tx.port.id,
-            queue: tx.pair,
-            tally: tx.tally,
-            routes,
-            fdb,
-            originated,
-        };
+        let mut from = tx.ingress(routes, fdb, originated);
         let stats = tx.tally.at(tx.port.id, tx.pair);
         // A snooping port's frames take the general path, which looks for reports.
         let burst = !tx.port.rx.snooping && tx.switch.burst_path();
@@ -226,10 +240,16 @@ impl TxWorker {
             }
             let plain = burst && !rules.capturing(); // a capture's hooks: general path only
             let mut taken = 0;
-            for slot in batch.iter() {
+            for slot in batch.slots() {
                 spent.chains += 1;
-                spent.walked += slot.chain.walked;
-                let Some((hdr, frame)) = take_chain(tx, stats, &ring, &mut arena, slot, hdr_len, &mut taken)
+                spent.walked += usize::from(slot.walked);
+                let Ok(n) = batch
+                    .result(slot)
+                    .inspect_err(|e| chain_refused(tx, stats, slot.head, e))
+                else {
+                    continue;
+                };
+                let Some((hdr, frame)) = take_chain(stats, &ring, &mut arena, slot, n, hdr_len, &mut taken)
                 else {
                     continue;
                 };
@@ -260,27 +280,19 @@ impl TxWorker {
     }
 }
 
-/// The next chain of a batch, `taken` bytes of the batch already taken from the arena: its
-/// virtio-net header and its frame; `None` for a chain the ring walk refused, counted.
+/// The next chain of a batch, `n` bytes long, `taken` bytes of the batch already taken
+/// from the arena: its virtio-net header and its frame.
 fn take_chain<'a>(
-    tx: &TxQueue<'_>,
     stats: &QueueStats,
     ring: &SplitRing<'a, GuestMemoryMmap>,
     arena: &mut Arena<'a>,
     slot: &TxSlot,
+    n: usize,
     hdr_len: usize,
     taken: &mut usize,
 ) -> Option<(&'a [u8], BurstFrame<'a>)> {
-    let t = &slot.chain;
-    let n = match &t.result {
-        Ok(n) => *n,
-        Err(e) => {
-            chain_refused(tx, stats, t.head, e);
-            return None;
-        }
-    };
     // The batch's chains lie back to back from the start of the room.
-    let Some(chain) = (slot.start == *taken).then(|| arena.take(n)).flatten() else {
+    let Some(chain) = (slot.start as usize == *taken).then(|| arena.take(n)).flatten() else {
         stats.tx_errors.inc();
         return None;
     };
@@ -292,7 +304,7 @@ fn take_chain<'a>(
         // this finds the same, in the region they looked at last.
         Some(r) => ring
             .buffers()
-            .slice(r.at, n.saturating_sub(r.copied))
+            .slice(r.at, n.saturating_sub(r.copied as usize))
             .and_then(|rest| BurstFrame::with_rest(frame, rest)),
     };
     let Some(frame) = frame else {

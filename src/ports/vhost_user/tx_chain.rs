@@ -26,34 +26,122 @@ const _: () = assert!(
     "a TX batch's used elements go in one copy"
 );
 
-/// One transmitted chain, copied out.
+/// One transmitted chain, copied out, as [`TxBatch::pop`] hands it over.
 #[derive(Debug)]
 pub struct TxChain {
     pub head: u16,
-    /// The chain's bytes (virtio-net header included), all copied unless the slot has a
-    /// [`Rest`], or why the chain was refused.
+    /// The chain's bytes (virtio-net header included), or why the chain was refused.
     pub result: Result<usize, ChainError>,
     /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
     pub walked: usize,
 }
 
-/// One TX chain of a batch: where its bytes start in the buffer the batch was copied into.
-#[derive(Debug)]
+/// One TX chain of a batch. Every frame's slot is written by the ring walk and read back by
+/// the worker, so it is kept small (40 bytes): offsets in 32 bits, and a refused chain's
+/// error apart, in the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxSlot {
-    pub start: usize,
-    pub chain: TxChain,
+    /// Where the chain's bytes start in the buffer the batch was copied into.
+    pub start: u32,
+    pub head: u16,
+    /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
+    pub walked: u16,
+    /// The chain's bytes (virtio-net header included), all copied unless the slot has a
+    /// [`Rest`]; or, for a refused chain, where the batch keeps why ([`TxBatch::result`]).
+    pub len: Result<u32, u8>,
     /// Where the chain's bytes past the first `copied` still lie in guest memory, for a
     /// chain [`take_tx_batch`] copied only the start of (their room in the buffer is
     /// left for them).
     pub rest: Option<Rest>,
 }
 
+const _: () = assert!(std::mem::size_of::<TxSlot>() <= 40, "a TX slot stays small");
+
 /// The part of a one-descriptor TX chain left in guest memory: the bytes from `copied` on,
 /// at `at`, in one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rest {
-    pub copied: usize,
+    pub copied: u32,
     pub at: GuestAddress,
+}
+
+/// The chains one batch took: their slots, in ring order, and why each refused one was.
+#[derive(Debug, Default)]
+pub struct TxBatch {
+    slots: ArrayVec<TxSlot, TX_BATCH>,
+    refused: ArrayVec<ChainError, TX_BATCH>,
+}
+
+impl TxBatch {
+    pub fn slots(&self) -> &[TxSlot] {
+        &self.slots
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// What became of `slot`'s chain, a slot of this batch: its length, or why it was
+    /// refused.
+    pub fn result(&self, slot: &TxSlot) -> Result<usize, &ChainError> {
+        match slot.len {
+            Ok(n) => Ok(n as usize),
+            // Every refused slot's index was given by `push` for its own error.
+            Err(i) => Err(&self.refused[usize::from(i)]),
+        }
+    }
+
+    /// Takes the last chain out of the batch.
+    pub fn pop(&mut self) -> Option<TxChain> {
+        let s = self.slots.pop()?;
+        let result = match s.len {
+            Ok(n) => Ok(n as usize),
+            // A refused slot's error is the last one kept while the slot is the last.
+            Err(_) => Err(self.refused.pop()?),
+        };
+        Some(TxChain {
+            head: s.head,
+            result,
+            walked: usize::from(s.walked),
+        })
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.refused.clear();
+    }
+
+    /// Adds chain `head`, `walked` descriptors, copied at `start`: `result` its length or
+    /// why it was refused. At most [`TX_BATCH`] chains, as the ring walk takes.
+    fn push(
+        &mut self,
+        head: u16,
+        start: u32,
+        walked: u16,
+        result: Result<u32, ChainError>,
+        rest: Option<Rest>,
+    ) {
+        let len = match result {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                // One error per slot at most: `refused` never holds more than `slots`.
+                let i = self.refused.len() as u8;
+                self.refused.push(e);
+                Err(i)
+            }
+        };
+        self.slots.push(TxSlot {
+            start,
+            head,
+            walked,
+            len,
+            rest,
+        });
+    }
 }
 
 /// How much a batch may take.
@@ -84,7 +172,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
     hdr_len: usize,
     buf: &mut [u8],
     limits: BatchLimits,
-    out: &mut ArrayVec<TxSlot, TX_BATCH>,
+    out: &mut TxBatch,
 ) -> Result<(), RingError> {
     out.clear();
     let Some(ring) = SplitRing::new(q, mem) else {
@@ -110,12 +198,15 @@ pub fn take_tx_batch<M: GuestMemory>(
     copy_limit: usize,
     buf: &mut [u8],
     limits: BatchLimits,
-    out: &mut ArrayVec<TxSlot, TX_BATCH>,
+    out: &mut TxBatch,
 ) -> Result<(), RingError> {
     out.clear();
     if limits.quiet {
         ring.quiet_driver(q.event_idx_enabled())?;
     }
+    // Offsets in the buffer are kept in 32 bits (`TxSlot`).
+    let buf_len = buf.len().min(u32::MAX as usize);
+    let buf = &mut buf[..buf_len];
     let first = q.next_avail();
     let avail = ring.avail_idx(first)?;
     let heads = ring.heads(first, usize::from(avail.wrapping_sub(first)).min(limits.chains))?;
@@ -127,34 +218,31 @@ pub fn take_tx_batch<M: GuestMemory>(
         }
         pos = pos.wrapping_add(1);
         let room = &mut buf[start..start + limits.frame_max];
-        let slot = match limits
+        let (result, steps, rest) = match limits
             .one_desc
             .then(|| copy_one_desc(ring, chain, hdr_len, copy_limit, room))
         {
-            Some(Some((len, rest))) => TxSlot {
-                start,
-                chain: TxChain {
-                    head: chain,
-                    result: Ok(len),
-                    walked: 1,
-                },
-                rest,
-            },
-            _ => TxSlot {
-                start,
-                chain: copy_chain(chain, ring.chain(chain), ring.buffers(), hdr_len, room),
-                rest: None,
-            },
+            Some(Some((len, rest))) => (Ok(len), 1, rest),
+            _ => {
+                let mut steps = 0;
+                let result = copy_chain(ring.chain(chain), ring.buffers(), hdr_len, room, &mut steps);
+                (result, steps, None)
+            }
         };
-        walked += slot.chain.walked;
-        start += slot.chain.result.as_ref().map_or(0, |n| *n);
-        out.push(slot);
+        walked += steps;
+        // Within `buf`, so within 32 bits; at most MAX_FRAME_DESCS + 1 steps.
+        let at = start as u32;
+        let result = result.map(|n| {
+            start += n;
+            n as u32
+        });
+        out.push(chain, at, steps as u16, result, rest);
     }
     q.set_next_avail(pos);
     // Every chain is used with length 0 (nothing written); the driver is told at
     // `return_tx_chains`.
     let used = q.next_used();
-    put_unwritten(ring, used, out.iter().map(|s| s.chain.head))?;
+    put_unwritten(ring, used, out.slots.iter().map(|s| s.head))?;
     q.set_next_used(used.wrapping_add(out.len() as u16));
     Ok(())
 }
@@ -190,7 +278,11 @@ fn copy_one_desc<M: GuestMemory>(
     let copied = len.min(copy_limit);
     let rest = if len > copied {
         let at = d.addr().checked_add(copied as u64)?;
-        Some(Rest { copied, at })
+        // `copied` is less than `len`, a descriptor's 32-bit length.
+        Some(Rest {
+            copied: copied as u32,
+            at,
+        })
     } else {
         None
     };
@@ -199,23 +291,22 @@ fn copy_one_desc<M: GuestMemory>(
     Some((len, rest))
 }
 
-/// Copies one TX chain into `buf` (header first).
+/// Copies one TX chain into `buf` (header first): its length, `walked` counting the
+/// descriptors.
 fn copy_chain<M: GuestMemory>(
-    head: u16,
     chain: impl Iterator<Item = Descriptor>,
     mem: &GuestBuffers<'_, M>,
     hdr_len: usize,
     buf: &mut [u8],
-) -> TxChain {
-    let mut walked = 0;
-    let result = copy_out(chain, mem, buf, &mut walked).and_then(|n| {
+    walked: &mut usize,
+) -> Result<usize, ChainError> {
+    copy_out(chain, mem, buf, walked).and_then(|n| {
         if n < hdr_len {
             Err(ChainError::TooShort(n))
         } else {
             Ok(n)
         }
-    });
-    TxChain { head, result, walked }
+    })
 }
 
 fn copy_out<M: GuestMemory>(
