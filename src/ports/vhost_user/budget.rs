@@ -14,11 +14,11 @@ pub const TX_BUDGET: usize = 1024;
 /// MAX_FRAME_DESCS zero-length descriptors do not buy a guest more than this per wake.
 pub const TX_WALK_BUDGET: usize = 32768;
 
-/// Chains one round of a TX wake-up must serve before the worker watches the ring for
-/// `--tx-poll-us` (and goes on watching while each watch finds more), or half the ring if
-/// that is less: a driver that sends a frame at a time, such as a guest under TCG, gains
-/// nothing from the watch, and its worker would spend the window after every frame. 32 is
-/// the burst DPDK's virtio PMD and testpmd send (MAX_PKT_BURST).
+/// Chains one round of a TX wake-up or poll visit must serve before the thread watches
+/// the ring for `--tx-poll-us` (and goes on watching while each watch finds more), or half
+/// the ring if that is less: a driver that sends a frame at a time, such as a guest under
+/// TCG, gains nothing from the watch, and the thread would spend the window after every
+/// frame. 32 is the burst DPDK's virtio PMD and testpmd send (MAX_PKT_BURST).
 pub const TX_POLL_FROM: usize = 32;
 
 /// Control commands served per wake-up; each may be a table of 64 Ki entries.

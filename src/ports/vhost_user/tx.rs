@@ -118,9 +118,9 @@ impl Spent {
 }
 
 impl TxWorker {
-    /// Serves TX queue `tx.pair`: up to [`TX_BUDGET`] chains. Kicked, with the driver's
-    /// notifications off meanwhile (and for `--tx-poll-us` after the ring runs dry);
-    /// polled, with them left off.
+    /// Serves TX queue `tx.pair`: up to [`TX_BUDGET`] chains, the ring watched for
+    /// `--tx-poll-us` after a round that served a burst. Kicked, with the driver's
+    /// notifications off meanwhile; polled, with them left off.
     pub(super) fn burst(&mut self, tx: &TxQueue<'_>, vring: &Vring, mode: Mode) -> Result<Burst, RingError> {
         if self.arena.len() < ARENA {
             self.arena.resize(ARENA, 0);
@@ -130,7 +130,7 @@ impl TxWorker {
         // Whether the ring is being watched (`--tx-poll-us`): from a round of a driver's
         // burst on, for as long as each watch finds more.
         let mut watching = false;
-        let watch_from = if tx.port.tx_poll.is_zero() || mode == Mode::Polled {
+        let watch_from = if tx.port.tx_poll.is_zero() {
             usize::MAX
         } else {
             watch_from(vring)
@@ -156,7 +156,9 @@ impl TxWorker {
             }
             // `--tx-poll-us`: after a round that served a driver's burst, its next ones are
             // waited for a while, with notifications still off, rather than kicked for. A
-            // round that served nothing ends the watch, so each one costs budget.
+            // poll thread likewise stays with the ring, for fewer visits that serve more
+            // each (docs/performance.md). A round that served nothing ends the watch, so
+            // each one costs budget.
             let round = spent.chains - before;
             watching = round > 0 && (watching || round >= watch_from);
             if let Some(watch) = watching.then(|| AvailWatch::new(vring)).flatten() {
