@@ -130,11 +130,6 @@ impl TxWorker {
         // Whether the ring is being watched (`--tx-poll-us`): from a round of a driver's
         // burst on, for as long as each watch finds more.
         let mut watching = false;
-        let watch_from = if tx.port.tx_poll.is_zero() {
-            usize::MAX
-        } else {
-            watch_from(vring)
-        };
         // Chains served when the driver was last signalled.
         let mut signalled = 0;
         let burst = 'wake: loop {
@@ -160,7 +155,9 @@ impl TxWorker {
             // each (docs/performance.md). A round that served nothing ends the watch, so
             // each one costs budget.
             let round = spent.chains - before;
-            watching = round > 0 && (watching || round >= watch_from);
+            // The ring's size is asked for (under its lock) only after a round with frames,
+            // not on every visit of a poll thread that finds the ring empty.
+            watching = round > 0 && !tx.port.tx_poll.is_zero() && (watching || round >= watch_from(vring));
             if let Some(watch) = watching.then(|| AvailWatch::new(vring)).flatten() {
                 // A driver that waits for its chains back (its ring full) gets them now,
                 // not after the watch: asked without a fence, which the check before
