@@ -116,6 +116,11 @@ queue_counters!(
     route_ttl_exceeded,
     /// Packets to the router with a bad IP header (checksum, lengths).
     route_errors,
+    /// Times a TX worker watched its ring for the driver's next chains after a round, rather
+    /// than sleeping until kicked (`--tx-poll-us`).
+    tx_watches,
+    /// Watches (tx_watches) that found the driver's next chains within the window.
+    tx_watch_found,
     /// Transmit chains longer than the per-frame descriptor bound, returned unread.
     tx_desc_limit,
     /// Frames for this port whose receive chains ran past the per-frame descriptor bound.

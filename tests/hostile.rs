@@ -349,6 +349,133 @@ fn a_guest_that_never_stops_sending_cannot_hold_a_disconnect() {
     b.check(&mut d, "endless TX");
 }
 
+/// Guest `g`'s TX ring of 256 (`--tx-poll-us` watches after 32 chains), laid out as the
+/// spec says, started at 0 and enabled, with two chains in its table: chain 0 a well-formed
+/// frame, chain 2 a 4-byte header the daemon refuses.
+fn watched_tx_ring(g: &mut Guest) -> SplitLayout {
+    let ring = SplitLayout::at(0x18_0000, 256);
+    g.fe.get_vring_base(1).unwrap();
+    g.set_up_ring_at(1, 0, ring);
+    enable(&mut g.fe, 1);
+    g.mem.write_slice(&[0u8; HDR], GuestAddress(0x10_0000)).unwrap();
+    g.mem.write_slice(&frame(60), GuestAddress(0x10_1000)).unwrap();
+    ring.put_desc(&g.mem, 0, d(0x10_0000, HDR as u32, F_NEXT, 1));
+    ring.put_desc(&g.mem, 1, d(0x10_1000, 60, 0, 0));
+    ring.put_desc(&g.mem, 2, d(0x10_2000, 4, 0, 0));
+    ring
+}
+
+/// Names `head` at the ring's next `n` avail positions from `at` and publishes them at once.
+fn publish(g: &Guest, ring: SplitLayout, at: u16, n: u16, head: u16) -> u16 {
+    for pos in at..at + n {
+        ring.put_avail(&g.mem, pos, head);
+    }
+    g.mem.write_obj(at + n, GuestAddress(ring.avail + 2)).unwrap();
+    at + n
+}
+
+/// Publishes refused chains one at a time, `gap` apart, without a kick, for `long`; returns
+/// the avail index it reached.
+fn trickle(g: &Guest, ring: SplitLayout, mut at: u16, gap: Duration, long: Duration) -> u16 {
+    let t0 = Instant::now();
+    while t0.elapsed() < long {
+        at = publish(g, ring, at, 1, 2);
+        thread::sleep(gap);
+    }
+    at
+}
+
+/// A driver that sends a burst and then trickles chains (refused ones) without a kick keeps
+/// the TX watch (`--tx-poll-us`) going round after round, but for one window per wake-up in
+/// all: after it, the worker asks for kicks and sleeps. The counters say how many watches
+/// there were and how many found more.
+#[test]
+fn the_tx_watch_is_one_window_per_wake_up() {
+    const WINDOW: Duration = Duration::from_millis(100); // --tx-poll-us 100000, its most
+    let mut d = Daemon::start(1, &["--tx-poll-us", "100000"]);
+    let b = Baseline::take(&d);
+    let mut g = Guest::connect(d.sock(), NET);
+    let ring = watched_tx_ring(&mut g);
+    let at = publish(&g, ring, 0, 32, 0);
+    g.kick[1].write(1).unwrap();
+    wait_until("the burst served", || d.stat(0, "tx_packets") == 32);
+    // Ten windows' worth, a chain every tenth of a window.
+    let at = trickle(&g, ring, at, WINDOW / 10, 10 * WINDOW);
+    let trickled = u64::from(at - 32);
+    let served = d.stat(0, "tx_errors");
+    assert!(
+        served < trickled / 2,
+        "{served} of {trickled} chains served without a kick: the watch outlived its window"
+    );
+    // Each watch but the last found a chain (the last, unless the window ended in the
+    // round after it); each found at least one.
+    let (watches, found) = (d.stat(0, "tx_watches"), d.stat(0, "tx_watch_found"));
+    assert!(
+        found > 0 && found <= served,
+        "{found} watches found {served} chains"
+    );
+    assert!(
+        (found..=found + 1).contains(&watches),
+        "{watches} watches, {found} found"
+    );
+    g.kick[1].write(1).unwrap();
+    wait_until("the rest served once kicked", || {
+        d.stat(0, "tx_errors") == trickled
+    });
+    assert_eq!(used_idx(&g, ring), at);
+    drop(g);
+    b.check(&mut d, "a trickle after a burst");
+}
+
+/// One poll thread serves two ports. One driver trickles chains after a burst, never
+/// kicking: the other port's frame is served within the window all the same. Then the
+/// driver moves its avail index a ring ahead while it is watched: its ring is broken, no
+/// thread spins on it, and the other port goes on.
+#[test]
+fn a_trickling_driver_cannot_hold_a_poll_thread() {
+    const WINDOW: Duration = Duration::from_millis(100);
+    let mut d = Daemon::start(2, &["--poll", "1", "--tx-poll-us", "100000"]);
+    let b = Baseline::take(&d);
+    let mut a = Guest::connect(&d.socks[0], NET);
+    let other = Guest::connect(&d.socks[1], NET);
+    let txq = other.queue(1);
+    let ring = watched_tx_ring(&mut a);
+    let at = publish(&a, ring, 0, 32, 0);
+    wait_until("the burst served", || d.stat(0, "tx_packets") == 32);
+    let at = thread::scope(|s| {
+        let driver = s.spawn(|| trickle(&a, ring, at, WINDOW / 10, 20 * WINDOW));
+        thread::sleep(3 * WINDOW);
+        let t0 = Instant::now();
+        post_tx(&other, &txq, 0);
+        wait_until("the other port's frame", || d.stat(1, "tx_packets") == 1);
+        let took = t0.elapsed();
+        assert!(
+            took < 6 * WINDOW,
+            "the other port waited {took:?} for the poll thread"
+        );
+        driver.join().unwrap()
+    });
+    wait_until("every trickled chain served", || {
+        d.stat(0, "tx_errors") == u64::from(at - 32)
+    });
+    // A ring ahead, while the watch after a burst runs.
+    let at = publish(&a, ring, at, 32, 0);
+    wait_until("the second burst used", || used_idx(&a, ring) == at);
+    a.mem
+        .write_obj(at.wrapping_add(3 * ring.size), GuestAddress(ring.avail + 2))
+        .unwrap();
+    wait_until("ring marked broken", || d.stat(0, "rings_broken") == 1);
+    post_tx(&other, &txq, 1);
+    wait_until("the other port served again", || d.stat(1, "tx_packets") == 2);
+    thread::sleep(3 * WINDOW);
+    assert_eq!(d.stat(0, "tx_packets"), 64, "the broken ring was served");
+    assert_eq!(d.stat(0, "rings_broken"), 1);
+    drop(txq);
+    drop((other, a));
+    wait_until("port 1 idle", || !d.connected(1));
+    b.check(&mut d, "a trickle on a shared poll thread");
+}
+
 /// `d` (a descriptor) under another name, for closures where `d` is the daemon.
 fn d_(addr: u64, len: u32, flags: u16, next: u16) -> virtio_queue::desc::RawDescriptor {
     d(addr, len, flags, next)

@@ -322,7 +322,10 @@ fn tx_poll_window_serves_frames_without_kicks() {
     g.kick[1].write(1).unwrap();
     wait_until("the frame used once kicked", || used() == 11);
     assert_eq!(r.sink.0.lock().unwrap().len(), 11);
-    assert_eq!(r.port.stats()[0].tx_packets, 11);
+    let s = r.port.stats()[0];
+    assert_eq!(s.tx_packets, 11);
+    // After the burst, and after the frame that watch found.
+    assert_eq!((s.tx_watches, s.tx_watch_found), (2, 1));
 }
 
 /// A refill kick on an RX queue is answered by asking the driver to stop: nothing waits for

@@ -298,7 +298,9 @@ fn moves(key: &str, tap: bool, f: &FeaturesView) -> bool {
         | "rx_hash_false_positive"
         | "tx_spoofed"
         | "tx_desc_limit"
-        | "rx_desc_limit" => !tap,
+        | "rx_desc_limit"
+        | "tx_watches"
+        | "tx_watch_found" => !tap,
         _ => true,
     }
 }

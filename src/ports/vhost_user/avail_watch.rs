@@ -53,9 +53,8 @@ impl AvailWatch {
             .is_ok_and(|said| interrupt_wanted(self.event_idx, u16::from_le(said), self.next_used, added))
     }
 
-    /// Spins up to `window` for a new available descriptor; true if one arrived.
-    pub(super) fn wait(&self, mem: &GuestMemoryMmap, window: Duration) -> bool {
-        let deadline = Instant::now() + window;
+    /// Spins until `deadline` for a new available descriptor; true if one arrived.
+    pub(super) fn wait(&self, mem: &GuestMemoryMmap, deadline: Instant) -> bool {
         for spin in 0u32.. {
             match mem.load::<u16>(self.idx, Ordering::Acquire) {
                 Ok(idx) if u16::from_le(idx) != self.next => return true,
@@ -74,5 +73,5 @@ impl AvailWatch {
 
 /// Spins up to `window` for a new available descriptor on `vring`; true if one arrived.
 pub(super) fn poll_avail(vring: &Vring, mem: &GuestMemoryMmap, window: Duration) -> bool {
-    !window.is_zero() && AvailWatch::new(vring).is_some_and(|w| w.wait(mem, window))
+    !window.is_zero() && AvailWatch::new(vring).is_some_and(|w| w.wait(mem, Instant::now() + window))
 }

@@ -4,6 +4,7 @@
 //! receivers when the arena is used up, the outbox is full, or the ring runs dry.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::Guard;
 use log::{debug, trace, warn};
@@ -130,6 +131,8 @@ impl TxWorker {
         // Whether the ring is being watched (`--tx-poll-us`): from a round of a driver's
         // burst on, for as long as each watch finds more.
         let mut watching = false;
+        // When this wake-up's watching ends, from its first watch on.
+        let mut watch_until = None;
         // Chains served when the driver was last signalled.
         let mut signalled = 0;
         let burst = 'wake: loop {
@@ -159,15 +162,26 @@ impl TxWorker {
             // not on every visit of a poll thread that finds the ring empty.
             watching = round > 0 && !tx.port.tx_poll.is_zero() && (watching || round >= watch_from(vring));
             if let Some(watch) = watching.then(|| AvailWatch::new(vring)).flatten() {
-                // A driver that waits for its chains back (its ring full) gets them now,
-                // not after the watch: asked without a fence, which the check before
-                // sleeping makes over every chain since.
-                if watch.driver_wants_interrupt(&mem, unsignalled(spent.chains - signalled)) {
-                    tx.port.health.signal(vring, 2 * tx.pair + 1);
-                    signalled = spent.chains;
-                }
-                if watch.wait(&mem, tx.port.tx_poll) {
-                    continue;
+                // One window per wake-up in all, however many rounds it watches after: a
+                // driver that adds a chain now and then, never kicking, cannot keep a poll
+                // thread from its other queues (nor an event-driven worker from sleeping)
+                // longer than that.
+                let now = Instant::now();
+                let until = *watch_until.get_or_insert(now + tx.port.tx_poll);
+                if now < until {
+                    // A driver that waits for its chains back (its ring full) gets them now,
+                    // not after the watch: asked without a fence, which the check before
+                    // sleeping makes over every chain since.
+                    if watch.driver_wants_interrupt(&mem, unsignalled(spent.chains - signalled)) {
+                        tx.port.health.signal(vring, 2 * tx.pair + 1);
+                        signalled = spent.chains;
+                    }
+                    let stats = tx.tally.at(tx.port.id, tx.pair);
+                    stats.tx_watches.inc();
+                    if watch.wait(&mem, until) {
+                        stats.tx_watch_found.inc();
+                        continue;
+                    }
                 }
             }
             if mode == Mode::Polled || !vring.enable_notification().map_err(RingError)? {
