@@ -15,10 +15,11 @@ pub const TX_BUDGET: usize = 1024;
 pub const TX_WALK_BUDGET: usize = 32768;
 
 /// Chains one round of a TX wake-up or poll visit must serve before the thread watches
-/// the ring (and goes on watching while each watch finds more, `--tx-poll-us` in all), or half
-/// the ring if that is less: a driver that sends a frame at a time, such as a guest under
-/// TCG, gains nothing from the watch, and the thread would spend the window after every
-/// frame. 32 is the burst DPDK's virtio PMD and testpmd send (MAX_PKT_BURST).
+/// the ring, or half the ring if that is less: a driver that sends a frame at a time, such
+/// as a guest under TCG, gains nothing from the watch, and the thread would spend the
+/// window after every frame. The watch goes on while each finds more, for `--tx-poll-us`
+/// per this many chains served in all. 32 is the burst DPDK's virtio PMD and testpmd send
+/// (MAX_PKT_BURST).
 pub const TX_POLL_FROM: usize = 32;
 
 /// Control commands served per wake-up; each may be a table of 64 Ki entries.

@@ -4,7 +4,7 @@
 //! receivers when the arena is used up, the outbox is full, or the ring runs dry.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::Guard;
 use log::{debug, trace, warn};
@@ -131,8 +131,9 @@ impl TxWorker {
         // Whether the ring is being watched (`--tx-poll-us`): from a round of a driver's
         // burst on, for as long as each watch finds more.
         let mut watching = false;
-        // When this wake-up's watching ends, from its first watch on.
-        let mut watch_until = None;
+        // When this wake-up first watched, and the round that starts a watch.
+        let mut first_watch = None;
+        let mut from = WatchFrom::default();
         // Chains served when the driver was last signalled.
         let mut signalled = 0;
         let burst = 'wake: loop {
@@ -158,17 +159,16 @@ impl TxWorker {
             // each (docs/performance.md). A round that served nothing ends the watch, so
             // each one costs budget.
             let round = spent.chains - before;
-            // The ring's size is asked for (under its lock) only after a round with frames,
-            // not on every visit of a poll thread that finds the ring empty.
-            watching = round > 0 && !tx.port.tx_poll.is_zero() && (watching || round >= watch_from(vring));
+            watching = round > 0 && !tx.port.tx_poll.is_zero() && (watching || round >= from.get(vring));
             if let Some(watch) = watching.then(|| AvailWatch::new(vring)).flatten() {
-                // One window per wake-up in all, however many rounds it watches after: a
-                // driver that adds a chain now and then, never kicking, cannot keep a poll
-                // thread from its other queues (nor an event-driven worker from sleeping)
-                // longer than that.
+                // Watching is earned by chains served, a window per burst's worth, from the
+                // wake-up's first watch on: a driver that adds a chain now and then, never
+                // kicking, soon runs out, and cannot keep a poll thread from its other
+                // queues (nor an event-driven worker from sleeping) much past one window.
                 let now = Instant::now();
-                let until = *watch_until.get_or_insert(now + tx.port.tx_poll);
-                if now < until {
+                let earned = watch_earned(tx.port.tx_poll, spent.chains, from.get(vring));
+                let until = first_watch.get_or_insert(now).checked_add(earned);
+                if let Some(until) = until.filter(|&until| now < until) {
                     // A driver that waits for its chains back (its ring full) gets them now,
                     // not after the watch: asked without a fence, which the check before
                     // sleeping makes over every chain since.
@@ -446,10 +446,27 @@ fn chain_refused(tx: &TxQueue<'_>, stats: &QueueStats, head: u16, e: &ChainError
 }
 
 /// The chains a round must serve for the worker to watch the ring after it: a burst
-/// ([`TX_POLL_FROM`]), or half a ring too small to hold one.
-fn watch_from(vring: &Vring) -> usize {
-    let size = usize::from(vring.get_ref().get_queue().size());
-    TX_POLL_FROM.min(size / 2).max(1)
+/// ([`TX_POLL_FROM`]), or half a ring too small to hold one. Asked of the ring (under its
+/// lock) once per wake-up, and only after a round with frames, not on every visit of a
+/// poll thread that finds the ring empty.
+#[derive(Default)]
+struct WatchFrom(Option<usize>);
+
+impl WatchFrom {
+    fn get(&mut self, vring: &Vring) -> usize {
+        *self.0.get_or_insert_with(|| {
+            let size = usize::from(vring.get_ref().get_queue().size());
+            TX_POLL_FROM.min(size / 2).max(1)
+        })
+    }
+}
+
+/// How long after its first watch a wake-up that has served `chains` may watch its ring:
+/// `window` for each `from` chains (a burst's worth), so watching costs chains as well as
+/// time.
+fn watch_earned(window: Duration, chains: usize, from: usize) -> Duration {
+    let per = u32::try_from(from).unwrap_or(u32::MAX).max(1);
+    window.saturating_mul(u32::try_from(chains).unwrap_or(u32::MAX)) / per
 }
 
 /// Whether the driver wants an interrupt for the `returned` TX chains given back since its
@@ -463,4 +480,22 @@ fn wants_interrupt(vring: &Vring, mem: &GuestMemoryMmap, returned: usize) -> Res
 /// returns at most a budget's worth ([`TX_BUDGET`]), so this never saturates.
 fn unsignalled(returned: usize) -> u16 {
     u16::try_from(returned).unwrap_or(u16::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watching_is_earned_a_window_per_burst() {
+        let w = Duration::from_micros(50);
+        assert_eq!(watch_earned(w, 32, 32), w);
+        assert_eq!(watch_earned(w, 33, 32), Duration::from_nanos(51_562));
+        // A wake-up's budget of chains buys 32 windows at most.
+        assert_eq!(watch_earned(w, TX_BUDGET, 32), 32 * w);
+        // Half a ring of 16 is a burst there; nothing divides by zero.
+        assert_eq!(watch_earned(w, 8, 8), w);
+        assert_eq!(watch_earned(w, 8, 0), 8 * w);
+        assert_eq!(watch_earned(Duration::MAX, usize::MAX, 1), Duration::MAX);
+    }
 }
