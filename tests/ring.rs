@@ -15,6 +15,7 @@ use dpaa_vnic::ports::vhost_user::tx_chain::{
     pop_tx_batch, return_tx_chains, take_tx_batch, BatchLimits, TxBatch,
 };
 use dpaa_vnic::ports::vhost_user::used_batch::{put_unwritten, UsedBatch};
+use dpaa_vnic::wire::virtio_net_hdr::F_DATA_VALID;
 use dpaa_vnic::wire::VirtioNetHdr;
 use proptest::prelude::*;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
@@ -411,8 +412,12 @@ proptest! {
         hdr_len in prop_oneof![Just(10usize), Just(12), Just(20)],
         mrg in any::<bool>(),
         general in any::<bool>(),
+        valid in any::<bool>(),
     ) {
         let l = with_plain(l, plain, 2, 0x60);
+        // A checksum action's DATA_VALID, or no flag at all.
+        let flags = if valid { F_DATA_VALID } else { 0 };
+        let hdr = VirtioNetHdr { flags, ..VirtioNetHdr::default() };
         let (m1, mut q1) = build(&l);
         let (m2, mut q2) = build(&l);
         let r1 = SplitRing::new(&q1, &m1).expect("started");
@@ -428,8 +433,8 @@ proptest! {
             let mut sent = frame.clone();
             let rest = VolatileSlice::from(&mut sent[cut..]);
             let mut f = BurstFrame::with_rest(&mut room, rest).expect("a rest within the frame");
-            let a = split.push_plain(&mut q1, &r1, &mut f);
-            let b = whole.push(&mut q2, &r2, &VirtioNetHdr::default(), &frame);
+            let a = split.push_plain(&mut q1, &r1, &mut f, flags);
+            let b = whole.push(&mut q2, &r2, &hdr, &frame);
             prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "frame {}", k);
             prop_assert_eq!((q1.next_avail(), q1.next_used()), (q2.next_avail(), q2.next_used()));
         }

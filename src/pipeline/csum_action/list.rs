@@ -44,6 +44,17 @@ struct Shared {
     bytes: u64,
 }
 
+impl Contended {
+    /// The lock, held for a frame, the frame counted under it.
+    #[inline]
+    fn hold(&self, bytes: usize) -> MutexGuard<'_, Shared> {
+        let mut s = crate::sync::lock(&self.0);
+        s.frames += 1;
+        s.bytes += bytes as u64;
+        s
+    }
+}
+
 impl Drop for Contended {
     fn drop(&mut self) {
         let s = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -91,19 +102,8 @@ impl ActionList {
         if self.actions.is_empty() {
             return true;
         }
-        let _held = self.hold(pkt.frame.len());
+        let _held = self.contended.as_deref().map(|c| c.hold(pkt.frame.len()));
         apply(&self.actions, pkt, counts)
-    }
-
-    /// A locked list's lock, held for the frame, the frame counted under it.
-    #[inline]
-    fn hold(&self, bytes: usize) -> Option<MutexGuard<'_, Shared>> {
-        self.contended.as_deref().map(|c| {
-            let mut s = crate::sync::lock(&c.0);
-            s.frames += 1;
-            s.bytes += bytes as u64;
-            s
-        })
     }
 
     /// Runs the list on a frame whose header asks for nothing (the burst path's), counted
@@ -130,7 +130,36 @@ impl ActionList {
         counts: Counts<'_>,
         passes: &mut Passes,
     ) -> Option<u8> {
-        let _held = self.hold(frame.len());
+        // Out of line: an unlocked list's frame pays one test for the lock, not the drop
+        // of an `Option` of its guard.
+        if let Some(c) = &self.contended {
+            return self.apply_plain_locked(c, frame, counts, passes);
+        }
+        self.apply_plain_unlocked(frame, counts, passes)
+    }
+
+    /// [`ActionList::apply_plain_in_run`] on a locked list (`--csum-rules locked`).
+    #[cold]
+    #[inline(never)]
+    fn apply_plain_locked(
+        &self,
+        c: &Contended,
+        frame: &mut BurstFrame<'_>,
+        counts: Counts<'_>,
+        passes: &mut Passes,
+    ) -> Option<u8> {
+        let _held = c.hold(frame.len());
+        self.apply_plain_unlocked(frame, counts, passes)
+    }
+
+    /// [`ActionList::apply_plain_in_run`] once the list's lock, if any, is held.
+    #[inline(always)]
+    fn apply_plain_unlocked(
+        &self,
+        frame: &mut BurstFrame<'_>,
+        counts: Counts<'_>,
+        passes: &mut Passes,
+    ) -> Option<u8> {
         if let Some(targets) = self.every_frame {
             if let Some(done) = plain::update(frame, targets, 0) {
                 passes.frames += 1;

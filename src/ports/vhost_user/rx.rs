@@ -239,15 +239,8 @@ impl RxSide {
                 flags = f;
             }
             count_admitted(stats, note);
-            if flags == 0 || !guest_csum {
-                w.push_plain(stats, frame);
-            } else {
-                let mut hdr = VirtioNetHdr {
-                    flags,
-                    ..VirtioNetHdr::default()
-                };
-                w.push(stats, 0, None, &mut hdr, frame.bytes());
-            }
+            // DATA_VALID, for a driver that takes it (VIRTIO_NET_F_GUEST_CSUM).
+            w.push_plain(stats, frame, if guest_csum { flags } else { 0 });
         });
         if let Err(at) = ran {
             w.lost(stats, 0);
@@ -375,9 +368,10 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         self.pushed(stats, q, res, frame.len(), completed);
     }
 
-    /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0, without
-    /// [`Health::catch_bug`]: for a caller that guards its whole run.
-    fn push_plain(&mut self, stats: &QueueStats, frame: &mut BurstFrame<'_>) {
+    /// [`RxWriter::push`] for a frame whose header asks for nothing, into queue 0, its
+    /// header's `flags` as given (DATA_VALID or none), without [`Health::catch_bug`]: for a
+    /// caller that guards its whole run.
+    fn push_plain(&mut self, stats: &QueueStats, frame: &mut BurstFrame<'_>, flags: u8) {
         if !self.start_run(0) {
             stats.rx_dropped.inc();
             return;
@@ -385,7 +379,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         let Some(held) = self.held.as_mut() else { return };
         let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
         // Unguarded: the caller holds one guard around its whole run.
-        let res = run.push_plain(queue, ring, &mut *frame);
+        let res = run.push_plain(queue, ring, &mut *frame, flags);
         self.pushed(stats, 0, Some(res), frame.len(), false);
     }
 

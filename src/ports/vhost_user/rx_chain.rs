@@ -52,8 +52,7 @@ pub struct RxRun {
     first_used: Option<u16>,
     /// Whether a frame may take the one-descriptor lane ([`RxRun::push_one_desc`]).
     one_desc: bool,
-    /// The header of a frame sent with none of its fields set, in one buffer: what
-    /// [`RxRun::push_plain`] writes, built once.
+    /// The header [`RxRun::push_plain`] writes (all fields 0, one buffer), built once.
     plain: [u8; HDR_LEN_HASH],
     /// The chains of the frame being written, kept here rather than on the stack of each
     /// push: they hold room for the worst case, and are never zeroed.
@@ -94,8 +93,7 @@ impl RxRun {
         self
     }
 
-    /// Starts the next run, of the same queue or another with the same features: nothing
-    /// the last run read of its ring is kept.
+    /// Starts the next run, of any queue with these features, keeping nothing of the last.
     pub fn restart(&mut self) {
         self.walked = 0;
         self.avail = None;
@@ -130,29 +128,31 @@ impl RxRun {
         self.push_with(q, ring, &one.to_bytes(), hdr, frame)
     }
 
-    /// [`RxRun::push`] for a frame whose header has no field set (no offload, no hash): the
-    /// usual frame between two guests without offloads, whose one-buffer header is built
-    /// once per run rather than per frame. A frame still partly in its sender's buffer
-    /// ([`BurstFrame::rest`]) is copied from there straight into the one-descriptor lane's
-    /// buffer; the general walk takes it whole ([`BurstFrame::bytes`]).
+    /// [`RxRun::push`] for a frame whose header has no field set but `flags` (DATA_VALID
+    /// from a checksum action, or none), its one-buffer header built once per run. A rest
+    /// still in the sender's buffer ([`BurstFrame::rest`]) goes from there straight into
+    /// the lane's buffer; the general walk takes the frame whole ([`BurstFrame::bytes`]).
     pub fn push_plain<M: GuestMemory>(
         &mut self,
         q: &mut Queue,
         ring: &SplitRing<'_, M>,
         frame: &mut BurstFrame<'_>,
+        flags: u8,
     ) -> Result<u16, RxError> {
-        let one = self.plain;
+        let mut one = self.plain;
+        one[0] = flags; // the header's first byte (virtio 1.2, 5.1.6)
+        let hdr = VirtioNetHdr {
+            flags,
+            ..VirtioNetHdr::default()
+        };
+        let Some(rest) = frame.rest() else {
+            return self.push_with(q, ring, &one, &hdr, frame.head());
+        };
         self.first_used.get_or_insert(q.next_used());
-        if self.one_desc {
-            let laned = match frame.rest() {
-                Some(rest) => self.push_one_desc(q, ring, &one, frame.head(), rest)?,
-                None => self.push_one_desc(q, ring, &one, frame.head(), ())?,
-            };
-            if laned {
-                return Ok(1);
-            }
+        if self.one_desc && self.push_one_desc(q, ring, &one, frame.head(), rest)? {
+            return Ok(1);
         }
-        self.push_walked(q, ring, &VirtioNetHdr::default(), frame.bytes())
+        self.push_walked(q, ring, &hdr, frame.bytes())
     }
 
     /// [`RxRun::push`], `one` being the header's bytes for a frame in one buffer.
