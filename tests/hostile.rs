@@ -307,18 +307,9 @@ fn a_guest_that_never_stops_sending_cannot_hold_a_disconnect() {
     let mut d = Daemon::start(1, &[]);
     let b = Baseline::take(&d);
     let mut g = Guest::connect(d.sock(), NET);
-    // TX on a ring of 1024 (the daemon's largest) laid out as the spec says: a device that
-    // served until the ring ran dry would never see it run dry.
-    let ring = SplitLayout::at(0x18_0000, 1024);
-    g.fe.get_vring_base(1).unwrap();
-    g.set_up_ring_at(1, 0, ring);
-    enable(&mut g.fe, 1);
-    g.mem.write_slice(&[0u8; HDR], GuestAddress(0x10_0000)).unwrap();
-    g.mem.write_slice(&frame(60), GuestAddress(0x10_1000)).unwrap();
-    let descs = [d_(0x10_0000, HDR as u32, F_NEXT, 1), d_(0x10_1000, 60, 0, 0)];
-    for (i, desc) in (0u16..).zip(descs) {
-        ring.put_desc(&g.mem, i, desc);
-    }
+    // TX on a ring of 1024 (the daemon's largest): a device that served until the ring ran
+    // dry would never see it run dry.
+    let ring = tx_ring_of_one_frame(&mut g, 1024);
     // Every avail entry names chain 0; the "driver" keeps the ring a whole ring ahead of
     // what the device has used, and kicks.
     let stop = Arc::new(AtomicBool::new(false));
@@ -349,11 +340,10 @@ fn a_guest_that_never_stops_sending_cannot_hold_a_disconnect() {
     b.check(&mut d, "endless TX");
 }
 
-/// Guest `g`'s TX ring of 256 (`--tx-poll-us` watches after 32 chains), laid out as the
-/// spec says, started at 0 and enabled, with two chains in its table: chain 0 a well-formed
-/// frame, chain 2 a 4-byte header the daemon refuses.
-fn watched_tx_ring(g: &mut Guest) -> SplitLayout {
-    let ring = SplitLayout::at(0x18_0000, 256);
+/// Guest `g`'s TX ring of `size`, laid out as the spec says, started at 0 and enabled, with
+/// one chain in its table: chain 0, a well-formed 60-byte frame.
+fn tx_ring_of_one_frame(g: &mut Guest, size: u16) -> SplitLayout {
+    let ring = SplitLayout::at(0x18_0000, size);
     g.fe.get_vring_base(1).unwrap();
     g.set_up_ring_at(1, 0, ring);
     enable(&mut g.fe, 1);
@@ -361,6 +351,13 @@ fn watched_tx_ring(g: &mut Guest) -> SplitLayout {
     g.mem.write_slice(&frame(60), GuestAddress(0x10_1000)).unwrap();
     ring.put_desc(&g.mem, 0, d(0x10_0000, HDR as u32, F_NEXT, 1));
     ring.put_desc(&g.mem, 1, d(0x10_1000, 60, 0, 0));
+    ring
+}
+
+/// [`tx_ring_of_one_frame`] of 256 (`--tx-poll-us` watches after 32 chains), with chain 2
+/// too: a 4-byte header the daemon refuses.
+fn watched_tx_ring(g: &mut Guest) -> SplitLayout {
+    let ring = tx_ring_of_one_frame(g, 256);
     ring.put_desc(&g.mem, 2, d(0x10_2000, 4, 0, 0));
     ring
 }
