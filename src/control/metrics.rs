@@ -453,8 +453,13 @@ fn snoop_counters(x: &mut Exposition, s: &SnoopView, port: &str) {
         ),
         (
             "snoop_audit_dropped",
-            "--snoop: groups dropped for going unanswered in two audits in a row (a leave missed).",
+            "--snoop: groups dropped for going unanswered in an audit their family answered (a leave missed).",
             s.audit_dropped,
+        ),
+        (
+            "snoop_audit_silent",
+            "--snoop: families that said nothing to an audit while groups of theirs were held, asked again before judged.",
+            s.audit_silent,
         ),
     ] {
         x.counter(name, help, port, v);
@@ -664,6 +669,7 @@ mod tests {
                         reports: [4, 1],
                         records: [[0, 0, 2, 3, 0, 0, 0, 0], [0; 8]],
                         audit_dropped: 1,
+                        audit_silent: 2,
                         ..Default::default()
                     },
                 )),
@@ -791,6 +797,7 @@ mod tests {
             format!("dpaa_vnic_snoop_reports_total{{{port},protocol=\"igmp\"}} 4\n"),
             format!("dpaa_vnic_snoop_records_total{{{port},protocol=\"igmp\",record=\"to_ex\"}} 3\n"),
             format!("dpaa_vnic_snoop_audit_dropped_total{{{port}}} 1\n"),
+            format!("dpaa_vnic_snoop_audit_silent_total{{{port}}} 2\n"),
             "dpaa_vnic_clients_refused_total{server=\"metrics\"} 2\n".to_string(),
             "dpaa_vnic_poll_busy_visits_total{thread=\"0\"} 10\n".to_string(),
             "dpaa_vnic_poll_busy_seconds_total{thread=\"0\"} 1.5\n".to_string(),

@@ -242,6 +242,7 @@ pub struct SnoopView {
     pub audit_corrected: u64,
     pub audit_added: u64,
     pub audit_dropped: u64,
+    pub audit_silent: u64,
 }
 
 impl From<SnoopCounters> for SnoopView {
@@ -262,6 +263,7 @@ impl From<SnoopCounters> for SnoopView {
             audit_corrected: c.audit_corrected,
             audit_added: c.audit_added,
             audit_dropped: c.audit_dropped,
+            audit_silent: c.audit_silent,
         }
     }
 }
