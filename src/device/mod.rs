@@ -12,6 +12,7 @@ pub mod nic;
 pub mod rss;
 pub mod rx_state;
 pub mod snoop;
+pub mod snoop_counters;
 
 pub use config_space::NetConfig;
 pub use ctrl::{CtrlError, CtrlOutcome, ValidCommand};

@@ -22,7 +22,7 @@ use crate::device::filter::regs::FilterStats;
 use crate::device::filter::{FilterRegs, Layout};
 use crate::device::nic::NicView;
 use crate::device::rss::SteeringCell;
-use crate::device::snoop::{self, SnoopCells, SnoopCounters, Snooper};
+use crate::device::snoop::{SnoopCells, SnoopCounters, Snooper};
 use crate::device::NicState;
 use crate::pipeline::csum_action::ActionList;
 use crate::pipeline::source_lock::{MacLock, SourceLock};
@@ -427,10 +427,11 @@ impl GuestPort {
         }
     }
 
-    /// As querier for `--snoop`: sends an IGMPv3 and an MLDv2 general query to the guest,
-    /// whose answers (reports of everything it holds), due within `respond`, refresh the
-    /// snooped groups. Returns which of the two reached the guest's receive ring.
-    pub fn send_queries(&self, respond: Duration) -> (bool, bool) {
+    /// As querier for `--snoop`: sends an IGMPv3 and an MLDv2 general query to the guest
+    /// (the `families` asked: IPv4, IPv6), whose answers (reports of everything it holds),
+    /// due within `respond`, refresh the snooped groups. Returns which of the two reached
+    /// the guest's receive ring.
+    pub fn send_queries(&self, respond: Duration, families: (bool, bool)) -> (bool, bool) {
         if !self.rx.snooping || self.attachment() != Some(Attachment::Net) {
             return (false, false);
         }
@@ -450,8 +451,8 @@ impl GuestPort {
             out.lend(self.id, 0, adm, Packet::new(VirtioNetHdr::default(), &mut frame));
             out.flush() > 0
         };
-        let v4 = query(&|f| mcast_report::igmp_general_query(igmp_ds, f));
-        let v6 = query(&|f| mcast_report::mld_general_query(mld_ms, f));
+        let v4 = families.0 && query(&|f| mcast_report::igmp_general_query(igmp_ds, f));
+        let v6 = families.1 && query(&|f| mcast_report::mld_general_query(mld_ms, f));
         (v4, v6)
     }
 
@@ -464,7 +465,7 @@ impl GuestPort {
         if !self.lock_snoop().as_ref().is_some_and(Snooper::refresh_allowed) {
             return;
         }
-        let (v4, v6) = self.send_queries(respond);
+        let (v4, v6) = self.send_queries(respond, (true, true));
         if v4 || v6 {
             if let Some(s) = self.lock_snoop().as_mut() {
                 s.refresh_sent(now, respond);
@@ -478,16 +479,16 @@ impl GuestPort {
         if !self.rx.snooping {
             return;
         }
-        let mut due = false;
+        let mut due = None;
         self.with_snooper(|s| {
             let changed = s.tick(now);
-            due = s.audit_due(now);
+            due = s.audit_due(now).then(|| s.audit_query());
             changed
         });
-        if !due || self.attachment() != Some(Attachment::Net) {
+        let Some(q) = due.filter(|_| self.attachment() == Some(Attachment::Net)) else {
             return;
-        }
-        let (v4, v6) = self.send_queries(snoop::AUDIT_RESPONSE);
+        };
+        let (v4, v6) = self.send_queries(q.respond, q.families);
         if let Some(s) = self.lock_snoop().as_mut() {
             s.audit_sent(now, v4, v6);
             self.snoop_cells.store(&s.counters());
