@@ -45,6 +45,13 @@ macro_rules! queue_counters {
                 $(self.$name += o.$name;)*
             }
         }
+
+        /// Counts since a baseline (`o`, taken earlier from the same counters).
+        impl std::ops::SubAssign for QueueSnapshot {
+            fn sub_assign(&mut self, o: Self) {
+                $(self.$name = self.$name.saturating_sub(o.$name);)*
+            }
+        }
     };
 }
 
