@@ -450,7 +450,7 @@ pub struct RunArgs {
     /// that long in all per 32 chains served, before it asks the driver for kicks and
     /// sleeps (as QEMU's poll-us for vhost-net): a driver that sends again within it costs
     /// no kick and no wake-up. A poll thread likewise stays with the ring before it visits
-    /// its other queues. A driver that sends a frame at a time is never watched for; 0:
+    /// its other queues, 4 windows at most per visit. A driver that sends a frame at a time is never watched for; 0:
     /// never. At most 100 000
     #[arg(help_heading = "Data path", long, default_value_t = 50, value_name = "US")]
     pub tx_poll_us: u64,

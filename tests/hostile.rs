@@ -473,6 +473,45 @@ fn a_trickling_driver_cannot_hold_a_poll_thread() {
     b.check(&mut d, "a trickle on a shared poll thread");
 }
 
+/// A driver that adds a burst just inside each window earns watching for every one, up to
+/// its budget (16 windows here); a poll thread shares itself with its other queues all the
+/// same: a visit watches 4 windows at most (budget.rs POLL_WATCH_WINDOWS).
+#[test]
+fn a_bursting_driver_holds_a_poll_thread_a_few_windows_at_most() {
+    const WINDOW: Duration = Duration::from_millis(100);
+    let mut d = Daemon::start(2, &["--poll", "1", "--tx-poll-us", "100000"]);
+    let b = Baseline::take(&d);
+    let mut a = Guest::connect(&d.socks[0], NET);
+    let other = Guest::connect(&d.socks[1], NET);
+    let txq = other.queue(1);
+    let ring = watched_tx_ring(&mut a);
+    let at = thread::scope(|s| {
+        let driver = s.spawn(|| {
+            let (mut at, t0) = (0, Instant::now());
+            while t0.elapsed() < 20 * WINDOW {
+                at = publish(&a, ring, at, 32, 2);
+                thread::sleep(WINDOW / 2);
+            }
+            at
+        });
+        thread::sleep(3 * WINDOW);
+        let t0 = Instant::now();
+        post_tx(&other, &txq, 0);
+        wait_until("the other port's frame", || d.stat(1, "tx_packets") == 1);
+        let took = t0.elapsed();
+        assert!(
+            took < 6 * WINDOW,
+            "the other port waited {took:?} for the poll thread"
+        );
+        driver.join().unwrap()
+    });
+    wait_until("every burst served", || d.stat(0, "tx_errors") == u64::from(at));
+    drop(txq);
+    drop((other, a));
+    wait_until("port 1 idle", || !d.connected(1));
+    b.check(&mut d, "bursts just inside each window on a shared poll thread");
+}
+
 /// `d` (a descriptor) under another name, for closures where `d` is the daemon.
 fn d_(addr: u64, len: u32, flags: u16, next: u16) -> virtio_queue::desc::RawDescriptor {
     d(addr, len, flags, next)

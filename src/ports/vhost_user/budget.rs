@@ -22,6 +22,13 @@ pub const TX_WALK_BUDGET: usize = 32768;
 /// (MAX_PKT_BURST).
 pub const TX_POLL_FROM: usize = 32;
 
+/// Windows of `--tx-poll-us` one poll visit may watch a ring, however many its chains
+/// earned: the thread's other queues wait for the visit, and a driver that adds a burst
+/// just inside each window would otherwise earn the budget's worth (32 windows). A driver
+/// that sends at line rate spends the budget within a few windows anyway
+/// (docs/performance.md, "The TX watch").
+pub const POLL_WATCH_WINDOWS: u32 = 4;
+
 /// Control commands served per wake-up; each may be a table of 64 Ki entries.
 pub const CTRL_BUDGET: usize = 64;
 

@@ -13,7 +13,7 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use super::avail_watch::AvailWatch;
-use super::budget::{Burst, Mode, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
+use super::budget::{Burst, Mode, POLL_WATCH_WINDOWS, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
 use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxBatch, TxSlot};
@@ -165,8 +165,12 @@ impl TxWorker {
                 // wake-up's first watch on: a driver that adds a chain now and then, never
                 // kicking, soon runs out, and cannot keep a poll thread from its other
                 // queues (nor an event-driven worker from sleeping) much past one window.
+                // A poll visit watches a few windows at most, whatever it earned.
                 let now = Instant::now();
-                let earned = watch_earned(tx.port.tx_poll, spent.chains, from.get(vring));
+                let mut earned = watch_earned(tx.port.tx_poll, spent.chains, from.get(vring));
+                if mode == Mode::Polled {
+                    earned = earned.min(tx.port.tx_poll.saturating_mul(POLL_WATCH_WINDOWS));
+                }
                 let until = first_watch.get_or_insert(now).checked_add(earned);
                 if let Some(until) = until.filter(|&until| now < until) {
                     // A driver that waits for its chains back (its ring full) gets them now,
