@@ -79,7 +79,8 @@ for i in "${!GUESTS[@]}"; do
 done
 [[ " ${GUESTS[*]} " == *" snoop "* ]] && args+=(--snoop)
 knob querier && args+=(--snoop-timeout 6)
-start_daemon d "$ns" "${socks[@]}" "${args[@]}"
+# Each audit's query and judgement in the daemon's log (kept when the run fails).
+RUST_LOG=${RUST_LOG:-info,dpaa_vnic::ports::vhost_user::guest_port=debug} start_daemon d "$ns" "${socks[@]}" "${args[@]}"
 dpid=${DAEMON_PID[d]}
 ip netns exec "$ns" ip addr add 10.44.0.1/24 dev vtap0
 ip netns exec "$ns" ip link set vtap0 up

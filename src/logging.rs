@@ -134,7 +134,10 @@ impl Log for Limited {
 
 /// Installs the limited logger: `RUST_LOG` as env_logger reads it, INFO by default.
 pub fn init() {
-    let inner = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
+    // Milliseconds: the snooper's audits and the TX watch act within tens of them.
+    let inner = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .build();
     let max = inner.filter();
     if log::set_boxed_logger(Box::new(Limited::new(inner))).is_ok() {
         log::set_max_level(max);

@@ -144,6 +144,7 @@ enum Audit {
     /// Queried: groups answered for (or changed) count as confirmed until `until`; the
     /// value says whether an answer (a current-state record) named the group.
     Open {
+        sent: Instant,
         until: Instant,
         /// The families whose query reached the guest (IPv4, IPv6).
         asked: (bool, bool),
@@ -185,9 +186,27 @@ pub struct Snooper {
     /// The families (IPv4, IPv6) the last audit heard nothing from while groups of theirs
     /// were held: the audit asked again decides for them.
     silent: [bool; 2],
-    /// The due audit asks only the silent families, again ([`RETRY_WINDOW`]); a change
-    /// reported meanwhile makes it a whole audit.
+    /// The due audit asks only the silent families, again ([`RETRY_WINDOW`]).
     retry: bool,
+    /// When the whole audit of changes reported before or during a retry is due, once the
+    /// retry is judged.
+    deferred: Option<Instant>,
+    /// The last audit's judgement, until taken.
+    judgement: Option<Judgement>,
+}
+
+/// How an audit was judged, for the log (`Snooper::take_judgement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judgement {
+    /// From the query to the judgement.
+    pub after: Duration,
+    /// Which families (IPv4, IPv6) were asked, and which said anything.
+    pub asked: (bool, bool),
+    pub heard: [bool; 2],
+    /// Families spared for their silence, to be asked again.
+    pub spared: bool,
+    /// Groups dropped.
+    pub dropped: u64,
 }
 
 /// What an audit query asks the guest: the response time, and which families (IPv4, IPv6).
@@ -217,6 +236,7 @@ impl Snooper {
         self.audit = Audit::Idle;
         self.silent = [false; 2];
         self.retry = false;
+        self.deferred = None;
     }
 
     pub fn refusals(&self) -> SnoopRefusals {
@@ -285,9 +305,9 @@ impl Snooper {
                 .any(|t| now < t);
         if change_report || (current_state && !asked) {
             let due = now + AUDIT_QUIET;
-            self.retry = false;
             match &mut self.audit {
                 Audit::Open { again, .. } => *again = Some(due),
+                Audit::Due(_) if self.retry => self.deferred = Some(due),
                 a => *a = Audit::Due(due),
             }
         }
@@ -369,6 +389,11 @@ impl Snooper {
         matches!(self.audit, Audit::Due(t) if now >= t)
     }
 
+    /// How the last audit was judged, once.
+    pub fn take_judgement(&mut self) -> Option<Judgement> {
+        self.judgement.take()
+    }
+
     /// What the due audit's query asks.
     pub fn audit_query(&self) -> AuditQuery {
         if self.retry {
@@ -395,6 +420,7 @@ impl Snooper {
             let window = if self.retry { RETRY_WINDOW } else { AUDIT_WINDOW };
             self.retry = false;
             self.audit = Audit::Open {
+                sent: now,
                 until: now + window,
                 asked: (v4 && q.families.0, v6 && q.families.1),
                 early,
@@ -439,6 +465,7 @@ impl Snooper {
             _ => Audit::Idle,
         };
         if let Audit::Open {
+            sent,
             asked,
             heard,
             confirmed,
@@ -448,6 +475,7 @@ impl Snooper {
         {
             let (judged, spared) = self.judged_families([asked.0, asked.1], heard);
             let macs = &mut self.macs;
+            let dropped_before = self.counters.audit_dropped;
             let dropped = &mut self.counters.audit_dropped;
             self.groups.retain(|ip, _| {
                 let keep = confirmed.contains_key(ip) || !judged[family(ip)];
@@ -458,16 +486,25 @@ impl Snooper {
                 keep
             });
             self.audit_answers_until = Some(now + AUDIT_WINDOW);
-            // Changes reported meanwhile are audited once the guest has gone quiet, and
-            // that audit asks every family; with none, a family spared for its silence is
-            // asked again at once.
-            self.audit = match again {
-                Some(t) => Audit::Due(t.max(now)),
-                None if spared => {
-                    self.retry = true;
-                    Audit::Due(now)
+            self.judgement = Some(Judgement {
+                after: now.saturating_duration_since(sent),
+                asked,
+                heard,
+                spared,
+                dropped: self.counters.audit_dropped - dropped_before,
+            });
+            // A family spared for its silence is asked again at once; changes reported
+            // meanwhile are audited once that is judged and the guest has gone quiet.
+            let again = again.or(self.deferred.take());
+            self.audit = if spared {
+                self.retry = true;
+                self.deferred = again;
+                Audit::Due(now)
+            } else {
+                match again {
+                    Some(t) => Audit::Due(t.max(now)),
+                    None => Audit::Idle,
                 }
-                None => Audit::Idle,
             };
         }
         before != self.groups.len()
@@ -598,6 +635,9 @@ mod tests {
         let t1 = t + AUDIT_QUIET;
         assert!(s.audit_due(t1));
         s.audit_sent(t1, true, true);
+        // A change reported meanwhile (a BLOCK for a group never held) is audited after
+        // the retry, not instead of it.
+        s.apply(&[rec(RecordKind::Block, "ff15::1:9", &["2001:db8::1"])], t1);
         assert!(!s.tick(t1 + AUDIT_WINDOW / 2), "still within the window");
         // The guest said nothing at all about IPv4 (its one group was its last): that may
         // be an answer lost, so the group stays and the guest is asked again at once.
@@ -617,7 +657,8 @@ mod tests {
         assert_eq!(s.macs(), ALWAYS.to_vec());
         let c = s.counters();
         assert_eq!((c.audits, c.audit_silent, c.audit_dropped), (2, 1, 1));
-        assert!(!s.audit_due(t3 + AUDIT_WINDOW * 4));
+        assert!(s.audit_due(t3), "the BLOCK's audit");
+        assert_eq!(s.audit_query().families, (true, true));
         // Within 2.5 s of the last change, ticks late included (guest-tests/churn.sh allows
         // a port 3 s at worst).
         let took = AUDIT_QUIET + AUDIT_WINDOW + RETRY_WINDOW + 3 * TICK;
@@ -665,10 +706,22 @@ mod tests {
             2,
             "239.1.0.1 spared again; ff15::1:3 unanswered: gone"
         );
-        // A change before the retry goes out makes it a whole audit, once quiet.
+        // A change before the retry goes out does not hold it up: the retry asks first,
+        // and the whole audit of the change follows once the retry is judged.
         let t6 = t5 + AUDIT_WINDOW;
         s.apply(&[rec(RecordKind::ToExclude, "ff15::1:4", &[])], t6);
-        assert!(!s.audit_due(t6));
+        assert!(s.audit_due(t6));
+        let retry = AuditQuery {
+            respond: RETRY_RESPONSE,
+            families: (true, false),
+        };
+        assert_eq!(s.audit_query(), retry);
+        s.audit_sent(t6, true, false);
+        s.apply(&[rec(RecordKind::IsExclude, "239.1.0.1", &[])], t6);
+        let t7 = t6 + RETRY_WINDOW;
+        assert!(!s.tick(t7));
+        assert_eq!(s.groups(), 3);
+        assert!(s.audit_due(t7), "the change's audit, its quiet long past");
         assert_eq!(s.audit_query().families, (true, true));
         assert_eq!(s.audit_query().respond, AUDIT_RESPONSE);
     }

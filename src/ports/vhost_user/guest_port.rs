@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use log::{trace, warn};
+use log::{debug, trace, warn};
 
 use super::config_change::{ConfigChangeError, LiveStatus};
 use super::health::{BrokenRings, Health};
@@ -482,6 +482,22 @@ impl GuestPort {
         let mut due = None;
         self.with_snooper(|s| {
             let changed = s.tick(now);
+            if let Some(j) = s.take_judgement() {
+                debug!(
+                    "port {}: audit judged {:?} after its query: asked (IPv4, IPv6) {:?}, heard {:?}, \
+                     dropped {} groups{}",
+                    self.id,
+                    j.after,
+                    j.asked,
+                    j.heard,
+                    j.dropped,
+                    if j.spared {
+                        ", a silent family asked again"
+                    } else {
+                        ""
+                    }
+                );
+            }
             due = s.audit_due(now).then(|| s.audit_query());
             changed
         });
@@ -489,6 +505,13 @@ impl GuestPort {
             return;
         };
         let (v4, v6) = self.send_queries(q.respond, q.families);
+        debug!(
+            "port {}: audit query sent (IPv4, IPv6): {:?}, asked {:?}, answers within {:?}",
+            self.id,
+            (v4, v6),
+            q.families,
+            q.respond
+        );
         if let Some(s) = self.lock_snoop().as_mut() {
             s.audit_sent(now, v4, v6);
             self.snoop_cells.store(&s.counters());
