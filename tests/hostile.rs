@@ -18,7 +18,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vhost::VhostBackend;
-use vm_memory::{Bytes, GuestAddress};
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use common::daemon::*;
 use common::frontend::*;
@@ -431,25 +432,13 @@ fn a_trickle_soon_runs_out_of_tx_watch() {
 #[test]
 fn a_trickling_driver_cannot_hold_a_poll_thread() {
     const WINDOW: Duration = Duration::from_millis(100);
-    let mut d = Daemon::start(2, &["--poll", "1", "--tx-poll-us", "100000"]);
-    let b = Baseline::take(&d);
-    let mut a = Guest::connect(&d.socks[0], NET);
-    let other = Guest::connect(&d.socks[1], NET);
+    let (mut d, b, a, other, ring) = two_ports_on_one_poll_thread();
     let txq = other.queue(1);
-    let ring = watched_tx_ring(&mut a);
     let at = publish(&a, ring, 0, 32, 0);
     wait_until("the burst served", || d.stat(0, "tx_packets") == 32);
     let at = thread::scope(|s| {
         let driver = s.spawn(|| trickle(&a, ring, at, WINDOW / 10, 20 * WINDOW));
-        thread::sleep(3 * WINDOW);
-        let t0 = Instant::now();
-        post_tx(&other, &txq, 0);
-        wait_until("the other port's frame", || d.stat(1, "tx_packets") == 1);
-        let took = t0.elapsed();
-        assert!(
-            took < 6 * WINDOW,
-            "the other port waited {took:?} for the poll thread"
-        );
+        other_port_is_served_within(&d, &other, &txq, 3 * WINDOW, 6 * WINDOW);
         driver.join().unwrap()
     });
     wait_until("every trickled chain served", || {
@@ -479,12 +468,8 @@ fn a_trickling_driver_cannot_hold_a_poll_thread() {
 #[test]
 fn a_bursting_driver_holds_a_poll_thread_a_few_windows_at_most() {
     const WINDOW: Duration = Duration::from_millis(100);
-    let mut d = Daemon::start(2, &["--poll", "1", "--tx-poll-us", "100000"]);
-    let b = Baseline::take(&d);
-    let mut a = Guest::connect(&d.socks[0], NET);
-    let other = Guest::connect(&d.socks[1], NET);
+    let (mut d, b, a, other, ring) = two_ports_on_one_poll_thread();
     let txq = other.queue(1);
-    let ring = watched_tx_ring(&mut a);
     let at = thread::scope(|s| {
         let driver = s.spawn(|| {
             let (mut at, t0) = (0, Instant::now());
@@ -494,15 +479,7 @@ fn a_bursting_driver_holds_a_poll_thread_a_few_windows_at_most() {
             }
             at
         });
-        thread::sleep(3 * WINDOW);
-        let t0 = Instant::now();
-        post_tx(&other, &txq, 0);
-        wait_until("the other port's frame", || d.stat(1, "tx_packets") == 1);
-        let took = t0.elapsed();
-        assert!(
-            took < 6 * WINDOW,
-            "the other port waited {took:?} for the poll thread"
-        );
+        other_port_is_served_within(&d, &other, &txq, 3 * WINDOW, 6 * WINDOW);
         driver.join().unwrap()
     });
     wait_until("every burst served", || d.stat(0, "tx_errors") == u64::from(at));
@@ -510,6 +487,37 @@ fn a_bursting_driver_holds_a_poll_thread_a_few_windows_at_most() {
     drop((other, a));
     wait_until("port 1 idle", || !d.connected(1));
     b.check(&mut d, "bursts just inside each window on a shared poll thread");
+}
+
+/// A daemon with one poll thread and `--tx-poll-us 100000`, and two guests on it: port 0's,
+/// with its TX ring watched (`watched_tx_ring`), and port 1's.
+fn two_ports_on_one_poll_thread() -> (Daemon, Baseline, Guest, Guest, SplitLayout) {
+    let d = Daemon::start(2, &["--poll", "1", "--tx-poll-us", "100000"]);
+    let b = Baseline::take(&d);
+    let mut a = Guest::connect(&d.socks[0], NET);
+    let other = Guest::connect(&d.socks[1], NET);
+    let ring = watched_tx_ring(&mut a);
+    (d, b, a, other, ring)
+}
+
+/// After `after`, port 1 sends its first frame, which must be served within `within` on
+/// the poll thread it shares with port 0.
+fn other_port_is_served_within(
+    d: &Daemon,
+    other: &Guest,
+    txq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    after: Duration,
+    within: Duration,
+) {
+    thread::sleep(after);
+    let t0 = Instant::now();
+    post_tx(other, txq, 0);
+    wait_until("the other port's frame", || d.stat(1, "tx_packets") == 1);
+    let took = t0.elapsed();
+    assert!(
+        took < within,
+        "the other port waited {took:?} for the poll thread"
+    );
 }
 
 /// `d` (a descriptor) under another name, for closures where `d` is the daemon.
