@@ -432,12 +432,25 @@ impl Snooper {
         }
     }
 
-    /// Whether every family the audit asked about has answered, and settled.
-    fn answers_complete(asked: (bool, bool), answered: &[Option<Instant>; 2], now: Instant) -> bool {
-        [asked.0, asked.1]
-            .into_iter()
-            .zip(answered)
-            .all(|(asked, at)| !asked || at.is_some_and(|t| now >= t + ANSWER_SETTLE))
+    /// Whether the audit may be judged before its window ends: a family it asked has
+    /// answered and settled, and every other one has too or, the response time past, said
+    /// nothing at all. A silent family that holds groups is then asked again at once
+    /// ([`Self::judged_families`]) rather than waited for to the window's end.
+    fn answers_complete(open: &Audit, now: Instant) -> bool {
+        let Audit::Open {
+            sent,
+            asked,
+            answered,
+            heard,
+            ..
+        } = open
+        else {
+            return false;
+        };
+        let asked = [asked.0, asked.1];
+        let settled = |f: usize| answered[f].is_some_and(|t| now >= t + ANSWER_SETTLE);
+        let silent = |f: usize| !heard[f] && now >= *sent + AUDIT_RESPONSE + ANSWER_SETTLE;
+        (0..2).any(|f| asked[f] && settled(f)) && (0..2).all(|f| !asked[f] || settled(f) || silent(f))
     }
 
     /// Time passing: groups whose interest timed out go, and an audit window that is over
@@ -453,13 +466,9 @@ impl Snooper {
             keep
         });
         let closed = match &self.audit {
-            Audit::Open {
-                until,
-                asked,
-                early,
-                answered,
-                ..
-            } if now >= *until || (*early && Self::answers_complete(*asked, answered, now)) => {
+            open @ Audit::Open { until, early, .. }
+                if now >= *until || (*early && Self::answers_complete(open, now)) =>
+            {
                 std::mem::take(&mut self.audit)
             }
             _ => Audit::Idle,
@@ -724,6 +733,35 @@ mod tests {
         assert!(s.audit_due(t7), "the change's audit, its quiet long past");
         assert_eq!(s.audit_query().families, (true, true));
         assert_eq!(s.audit_query().respond, AUDIT_RESPONSE);
+    }
+
+    /// One family answers and settles; the other has said nothing once the response time
+    /// is past: the audit is judged then, and the silent family asked again, not waited for
+    /// to the window's end.
+    #[test]
+    fn a_silent_family_does_not_hold_up_the_judgement() {
+        let mut s = Snooper::new(None);
+        let t = Instant::now();
+        for g in ["239.1.0.1", "ff15::1:1", "ff15::1:2"] {
+            s.apply(&[rec(RecordKind::ToExclude, g, &[])], t);
+        }
+        let t1 = t + AUDIT_QUIET;
+        s.audit_sent(t1, true, true);
+        let a6 = t1 + Duration::from_millis(100);
+        let answer = Report {
+            protocol: Protocol::Mld,
+            legacy: false,
+            records: vec![rec(RecordKind::IsExclude, "ff15::1:1", &[])],
+        };
+        s.apply_report(&answer, a6);
+        assert!(!s.tick(a6 + ANSWER_SETTLE), "IPv4 may still answer");
+        let quiet = t1 + AUDIT_RESPONSE + ANSWER_SETTLE;
+        assert!(s.tick(quiet), "judged: ff15::1:2 unanswered");
+        assert!(quiet < t1 + AUDIT_WINDOW);
+        assert_eq!(s.groups(), 2, "IPv4 spared");
+        assert!(s.audit_due(quiet));
+        assert_eq!(s.audit_query().families, (true, false));
+        assert_eq!(s.counters().audit_silent, 1);
     }
 
     #[test]
