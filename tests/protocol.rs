@@ -1401,3 +1401,138 @@ fn a_bug_on_one_frame_costs_that_frame_only() {
     let s = r.port.stats()[0];
     assert_eq!((s.tx_packets, s.tx_errors), (2, 1));
 }
+
+/// An IGMPv3 report from the guest (10.0.0.1) with one record of `kind` (RFC 3376 4.2.12:
+/// 2 IS_EX, 4 TO_EX) for `group`, no sources, behind a router-alert option; checksums
+/// filled in.
+fn igmpv3_report(kind: u8, group: [u8; 4]) -> Vec<u8> {
+    let mut igmp = vec![0x22, 0, 0, 0, 0, 0, 0, 1, kind, 0, 0, 0];
+    igmp.extend_from_slice(&group);
+    let c = !(fold_sum(0, &igmp) as u16);
+    igmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut ip = vec![
+        0x46, 0xc0, 0, 40, 0, 0, 0x40, 0, 1, 2, 0, 0, 10, 0, 0, 1, 224, 0, 0, 22, 0x94, 4, 0, 0,
+    ];
+    let c = !(fold_sum(0, &ip) as u16);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut f = vec![
+        0x01, 0x00, 0x5e, 0x00, 0x00, 0x16, 0x52, 0x54, 0, 0xd0, 0xaa, 0x01, 0x08, 0x00,
+    ];
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&igmp);
+    f
+}
+
+/// An MLDv2 report from the guest's link-local address to ff02::16 with one record of
+/// `kind` (RFC 3810 5.2.12, the same codes as IGMPv3) for `group`, no sources; checksum
+/// filled in.
+fn mldv2_report(kind: u8, group: [u8; 16]) -> Vec<u8> {
+    let src = [
+        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0xd0, 0xaa, 0x01,
+    ];
+    let dst = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x16];
+    let mut mld = vec![143, 0, 0, 0, 0, 0, 0, 1, kind, 0, 0, 0];
+    mld.extend_from_slice(&group);
+    let pseudo = fold_sum(fold_sum(0, &src), &dst) + mld.len() as u32 + 58;
+    let c = !(fold_sum(pseudo, &mld) as u16);
+    mld[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = vec![
+        0x33, 0x33, 0, 0, 0, 0x16, 0x52, 0x54, 0, 0xd0, 0xaa, 0x01, 0x86, 0xdd,
+    ];
+    f.extend_from_slice(&[0x60, 0, 0, 0, 0, mld.len() as u8, 58, 1]);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&mld);
+    f
+}
+
+/// A snooping port's guest that never answers one family (here IPv4, while it answers
+/// IPv6): its silence costs one query more per audit, and the groups of that family go
+/// once it is silent twice running. The test plays the guest and the daemon's snoop timer
+/// (`snoop_tick` every TICK); it reads the queries off the receive ring and the counters.
+#[test]
+fn a_guest_silent_in_one_family_is_asked_once_more_and_then_loses_its_groups() {
+    let r = rig_full(Duration::ZERO, Snooping::On { expiry: None });
+    let g = Guest::connect(&r.path, VERSION_1 | MRG_RXBUF | PROTOCOL_FEATURES);
+    let (rxq, txq) = (g.queue(0), g.queue(1));
+    let bufs: Vec<_> = (0..8)
+        .map(|i| d(0x11_0000 + 0x1000 * i, 2048, F_WRITE, 0))
+        .collect();
+    rxq.add_desc_chains(&bufs, 0).unwrap();
+    g.kick[0].write(1).unwrap();
+    deliver_first(&r, &rxq, VirtioNetHdr::default(), &frame("01:00:5e:00:00:01", 60));
+    let v6_group = [0xff, 0x3e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let join4 = igmpv3_report(4, [239, 1, 2, 3]);
+    let join6 = mldv2_report(4, v6_group);
+    tx_frame(&g, &txq, 0, 1, &VirtioNetHdr::default(), &join4);
+    tx_frame(&g, &txq, 2, 2, &VirtioNetHdr::default(), &join6);
+    assert_eq!(r.port.snooped_groups(), Some(2));
+    // The queries the port sent, by EtherType, as they land on the receive ring.
+    let queries = |from: u16| -> Vec<[u8; 2]> {
+        (from..rxq.used().idx().load())
+            .map(|i| {
+                let mut t = [0u8; 2];
+                g.mem
+                    .read_slice(
+                        &mut t,
+                        GuestAddress(0x11_0000 + 0x1000 * u64::from(i) + HDR as u64 + 12),
+                    )
+                    .unwrap();
+                t
+            })
+            .collect()
+    };
+    let (v4, v6) = ([0x08, 0x00], [0x86, 0xdd]);
+    let tick_until = |what: &str, limit: Duration, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+            r.port.snoop_tick(Instant::now());
+            thread::sleep(Duration::from_millis(50));
+        }
+        start.elapsed()
+    };
+    // The changes' audit asks both families; the guest answers IPv6 only.
+    tick_until("the audit", Duration::from_secs(2), &|| {
+        rxq.used().idx().load() == 3
+    });
+    assert_eq!(queries(1), [v4, v6]);
+    let answered = Instant::now();
+    tx_frame(
+        &g,
+        &txq,
+        4,
+        3,
+        &VirtioNetHdr::default(),
+        &mldv2_report(2, v6_group),
+    );
+    // IPv4 said nothing while its group is held: spared, and asked again (IPv4 only)
+    // without waiting out the whole window.
+    let asked_again = tick_until("the retry", Duration::from_secs(2), &|| {
+        rxq.used().idx().load() == 4
+    });
+    assert_eq!(queries(3), [v4]);
+    assert!(
+        asked_again < Duration::from_millis(1100),
+        "held to the window: {asked_again:?}"
+    );
+    assert_eq!(r.port.snooped_groups(), Some(2), "spared once");
+    // Silent again: the IPv4 group goes, the IPv6 one stays.
+    tick_until("the judgement", Duration::from_secs(2), &|| {
+        r.port.snooped_groups() == Some(1)
+    });
+    let c = r.port.snoop_counters().unwrap().audit;
+    assert_eq!(
+        (c.audits, c.audit_silent, c.audit_confirmed, c.audit_dropped),
+        (2, 1, 1, 1)
+    );
+    assert!(answered.elapsed() < Duration::from_millis(2200));
+    // Nothing more is asked of a guest that holds no group of the silent family and
+    // reports no change.
+    let quiet = Instant::now();
+    tick_until("a quiet second", Duration::from_secs(3), &|| {
+        quiet.elapsed() > Duration::from_secs(1)
+    });
+    assert_eq!(rxq.used().idx().load(), 4);
+    assert_eq!(r.port.snoop_counters().unwrap().audit.audits, 2);
+}

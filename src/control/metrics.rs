@@ -434,32 +434,32 @@ fn snoop_counters(x: &mut Exposition, s: &SnoopView, port: &str) {
         (
             "snoop_audits",
             "--snoop: audit queries the snooper sent the guest.",
-            s.audits,
+            s.audit.audits,
         ),
         (
             "snoop_audit_confirmed",
             "--snoop: groups an answer to an audit showed as the snooper held them.",
-            s.audit_confirmed,
+            s.audit.audit_confirmed,
         ),
         (
             "snoop_audit_corrected",
             "--snoop: groups whose mode or interest an answer to an audit changed (a change report missed).",
-            s.audit_corrected,
+            s.audit.audit_corrected,
         ),
         (
             "snoop_audit_added",
             "--snoop: groups an answer to an audit brought that the snooper did not hold (a join missed).",
-            s.audit_added,
+            s.audit.audit_added,
         ),
         (
             "snoop_audit_dropped",
             "--snoop: groups dropped for going unanswered in an audit their family answered (a leave missed).",
-            s.audit_dropped,
+            s.audit.audit_dropped,
         ),
         (
             "snoop_audit_silent",
             "--snoop: families that said nothing to an audit while groups of theirs were held, asked again before judged.",
-            s.audit_silent,
+            s.audit.audit_silent,
         ),
     ] {
         x.counter(name, help, port, v);
@@ -668,8 +668,11 @@ mod tests {
                     crate::device::snoop::SnoopCounters {
                         reports: [4, 1],
                         records: [[0, 0, 2, 3, 0, 0, 0, 0], [0; 8]],
-                        audit_dropped: 1,
-                        audit_silent: 2,
+                        audit: crate::device::snoop::AuditCounters {
+                            audit_dropped: 1,
+                            audit_silent: 2,
+                            ..Default::default()
+                        },
                         ..Default::default()
                     },
                 )),

@@ -13,7 +13,7 @@ use crate::device::features::Attachment;
 use crate::device::filter::model::FilterSnapshot;
 use crate::device::filter::regs::FilterStats;
 use crate::device::rx_state::MacList;
-use crate::device::snoop::{SnoopCounters, RECORD_KINDS};
+use crate::device::snoop::{AuditCounters, SnoopCounters, RECORD_KINDS};
 use crate::device::RxMode;
 use crate::histogram::{Buckets, Quantiles};
 use crate::pipeline::Switch;
@@ -237,12 +237,8 @@ pub struct SnoopView {
     pub records: ByProtocol<BTreeMap<&'static str, u64>>,
     /// Records for a group not held that do not join it.
     pub unknown_records: u64,
-    pub audits: u64,
-    pub audit_confirmed: u64,
-    pub audit_corrected: u64,
-    pub audit_added: u64,
-    pub audit_dropped: u64,
-    pub audit_silent: u64,
+    #[serde(flatten)]
+    pub audit: AuditCounters,
 }
 
 impl From<SnoopCounters> for SnoopView {
@@ -258,12 +254,7 @@ impl From<SnoopCounters> for SnoopView {
                 mld: kinds(1),
             },
             unknown_records: c.unknown,
-            audits: c.audits,
-            audit_confirmed: c.audit_confirmed,
-            audit_corrected: c.audit_corrected,
-            audit_added: c.audit_added,
-            audit_dropped: c.audit_dropped,
-            audit_silent: c.audit_silent,
+            audit: c.audit,
         }
     }
 }

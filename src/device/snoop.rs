@@ -33,7 +33,7 @@ use crate::wire::mcast_report::{group_mac, GroupRecord, Protocol, RecordKind, Re
 use crate::wire::MacAddr;
 
 use super::snoop_counters::kind_index;
-pub use super::snoop_counters::{SnoopCells, SnoopCounters, SnoopRefusals, RECORD_KINDS};
+pub use super::snoop_counters::{AuditCounters, SnoopCells, SnoopCounters, SnoopRefusals, RECORD_KINDS};
 
 /// Always delivered, never reported: all-hosts (224.0.0.1) and all-nodes (ff02::1).
 pub const ALWAYS: [MacAddr; 2] = [
@@ -165,13 +165,39 @@ fn family(group: &IpAddr) -> usize {
     usize::from(group.is_ipv6())
 }
 
+/// The groups held, counted per link-layer address and per family.
+#[derive(Debug, Default)]
+struct Held {
+    /// Wanted groups per link-layer address (several groups share one), kept in order so
+    /// the filter's list is read off without sorting.
+    macs: BTreeMap<MacAddr, u32>,
+    /// Groups per family (IPv4, IPv6).
+    families: [usize; 2],
+}
+
+impl Held {
+    fn add(&mut self, group: &IpAddr) {
+        *self.macs.entry(group_mac(group)).or_insert(0) += 1;
+        self.families[family(group)] += 1;
+    }
+
+    fn remove(&mut self, group: &IpAddr) {
+        let m = group_mac(group);
+        if let Some(n) = self.macs.get_mut(&m) {
+            *n -= 1;
+            if *n == 0 {
+                self.macs.remove(&m);
+            }
+        }
+        self.families[family(group)] -= 1;
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Snooper {
     timeout: Option<Duration>,
     groups: HashMap<IpAddr, Group, ahash::RandomState>,
-    /// Wanted groups per link-layer address (several groups share one), kept in order so
-    /// the filter's list is read off without sorting.
-    macs: BTreeMap<MacAddr, u32>,
+    held: Held,
     audit: Audit,
     max_groups: usize,
     refused: SnoopRefusals,
@@ -193,6 +219,8 @@ pub struct Snooper {
     deferred: Option<Instant>,
     /// The last audit's judgement, until taken.
     judgement: Option<Judgement>,
+    /// The last attempt to send the due audit's queries reached the guest with neither.
+    undelivered: bool,
 }
 
 /// How an audit was judged, for the log (`Snooper::take_judgement`).
@@ -232,11 +260,13 @@ impl Snooper {
 
     pub fn clear(&mut self) {
         self.groups.clear();
-        self.macs.clear();
+        self.held = Held::default();
         self.audit = Audit::Idle;
         self.silent = [false; 2];
         self.retry = false;
         self.deferred = None;
+        self.judgement = None;
+        self.undelivered = false;
     }
 
     pub fn refusals(&self) -> SnoopRefusals {
@@ -265,20 +295,6 @@ impl Snooper {
             }
         }
         self.apply(&report.records, now)
-    }
-
-    fn mac_added(macs: &mut BTreeMap<MacAddr, u32>, group: &IpAddr) {
-        *macs.entry(group_mac(group)).or_insert(0) += 1;
-    }
-
-    fn mac_removed(macs: &mut BTreeMap<MacAddr, u32>, group: &IpAddr) {
-        let m = group_mac(group);
-        if let Some(n) = macs.get_mut(&m) {
-            *n -= 1;
-            if *n == 0 {
-                macs.remove(&m);
-            }
-        }
     }
 
     /// Applies one report's records; true when the set of wanted groups changed.
@@ -332,9 +348,9 @@ impl Snooper {
                     self.refused.groups += 1;
                     return false;
                 }
-                Self::mac_added(&mut self.macs, &r.group);
+                self.held.add(&r.group);
                 if current && matches!(self.audit, Audit::Open { .. }) {
-                    self.counters.audit_added += 1;
+                    self.counters.audit.audit_added += 1;
                 }
                 v.insert(Group {
                     new: true,
@@ -354,7 +370,7 @@ impl Snooper {
         let corrected = !new && (was != now_wanted || was_exclude != g.exclude);
         if !now_wanted {
             self.groups.remove(&r.group);
-            Self::mac_removed(&mut self.macs, &r.group);
+            self.held.remove(&r.group);
         }
         // What confirms a group in an audit: an answer, or a change that leaves it wanted
         // and is not a BLOCK (which a host that left sends as it leaves).
@@ -364,9 +380,9 @@ impl Snooper {
             let answered = confirmed.entry(r.group).or_insert(false);
             if current && !std::mem::replace(answered, true) && !new {
                 if corrected {
-                    self.counters.audit_corrected += 1;
+                    self.counters.audit.audit_corrected += 1;
                 } else {
-                    self.counters.audit_confirmed += 1;
+                    self.counters.audit.audit_confirmed += 1;
                 }
             }
         }
@@ -409,20 +425,24 @@ impl Snooper {
         }
     }
 
-    /// The audit queries went out (`v4`, `v6`: which of them reached the guest): answers
-    /// are counted from now. With neither delivered, the audit stays due.
-    pub fn audit_sent(&mut self, now: Instant, v4: bool, v6: bool) {
-        if v4 || v6 {
-            self.counters.audits += 1;
+    /// The queries [`Self::audit_query`] named went out (`v4`, `v6`: which of them reached
+    /// the guest): answers are counted from now. With neither delivered, the audit stays
+    /// due. True unless this is a second failure in a row (the caller logs the outcome only
+    /// when it changes).
+    pub fn audit_sent(&mut self, now: Instant, v4: bool, v6: bool) -> bool {
+        let delivered = v4 || v6;
+        let changed = delivered || !std::mem::replace(&mut self.undelivered, true);
+        if delivered {
+            self.undelivered = false;
+            self.counters.audit.audits += 1;
             // Answers to a refresh may still be on their way: judge by the window alone.
             let early = self.other_answers_until.is_none_or(|t| now >= t);
-            let q = self.audit_query();
             let window = if self.retry { RETRY_WINDOW } else { AUDIT_WINDOW };
             self.retry = false;
             self.audit = Audit::Open {
                 sent: now,
                 until: now + window,
-                asked: (v4 && q.families.0, v6 && q.families.1),
+                asked: (v4, v6),
                 early,
                 answered: [None, None],
                 heard: [false; 2],
@@ -430,6 +450,7 @@ impl Snooper {
                 again: None,
             };
         }
+        changed
     }
 
     /// Whether the audit may be judged before its window ends: a family it asked has
@@ -457,11 +478,11 @@ impl Snooper {
     /// is judged. True if the set of wanted groups changed.
     pub fn tick(&mut self, now: Instant) -> bool {
         let before = self.groups.len();
-        let macs = &mut self.macs;
+        let held = &mut self.held;
         self.groups.retain(|ip, g| {
             let keep = g.expires.is_none_or(|e| e > now);
             if !keep {
-                Self::mac_removed(macs, ip);
+                held.remove(ip);
             }
             keep
         });
@@ -483,24 +504,24 @@ impl Snooper {
         } = closed
         {
             let (judged, spared) = self.judged_families([asked.0, asked.1], heard);
-            let macs = &mut self.macs;
-            let dropped_before = self.counters.audit_dropped;
-            let dropped = &mut self.counters.audit_dropped;
+            let held = &mut self.held;
+            let mut dropped = 0;
             self.groups.retain(|ip, _| {
                 let keep = confirmed.contains_key(ip) || !judged[family(ip)];
                 if !keep {
-                    Self::mac_removed(macs, ip);
-                    *dropped += 1;
+                    held.remove(ip);
+                    dropped += 1;
                 }
                 keep
             });
+            self.counters.audit.audit_dropped += dropped;
             self.audit_answers_until = Some(now + AUDIT_WINDOW);
             self.judgement = Some(Judgement {
                 after: now.saturating_duration_since(sent),
                 asked,
                 heard,
                 spared,
-                dropped: self.counters.audit_dropped - dropped_before,
+                dropped,
             });
             // A family spared for its silence is asked again at once; changes reported
             // meanwhile are audited once that is judged and the guest has gone quiet.
@@ -522,14 +543,11 @@ impl Snooper {
     /// Which families (IPv4, IPv6) a closing audit judges, given which it `asked` and which
     /// it `heard` any record from. Silence is ambiguous: a guest that left every group of
     /// the family sends nothing, but so does one whose answer is late past the window (a
-    /// guest starved of CPU; seen under TCG in guest-tests/churn-many.sh) or lost. A
-    /// family that held groups and said nothing is spared once and asked again; silent
-    /// twice running, it is judged (its groups dropped). Also says whether one was spared.
+    /// guest starved of CPU) or lost. A family that held groups and said nothing is spared
+    /// once and asked again; silent twice running, it is judged (its groups dropped). Also
+    /// says whether one was spared.
     fn judged_families(&mut self, asked: [bool; 2], heard: [bool; 2]) -> ([bool; 2], bool) {
-        let mut holds = [false; 2];
-        for ip in self.groups.keys() {
-            holds[family(ip)] = true;
-        }
+        let holds = self.held.families.map(|n| n > 0);
         let mut spared = 0;
         let judged = std::array::from_fn(|f| {
             if !asked[f] {
@@ -540,16 +558,16 @@ impl Snooper {
             spared += u64::from(spare);
             !spare
         });
-        self.counters.audit_silent += spared;
+        self.counters.audit.audit_silent += spared;
         (judged, spared > 0)
     }
 
     /// The link-layer addresses to accept: every wanted group's, plus all-hosts/all-nodes,
     /// in order. O(addresses), no sort.
     pub fn macs(&self) -> Vec<MacAddr> {
-        let mut v = Vec::with_capacity(self.macs.len() + ALWAYS.len());
+        let mut v = Vec::with_capacity(self.held.macs.len() + ALWAYS.len());
         let mut always = ALWAYS.iter().copied().peekable();
-        for &m in self.macs.keys() {
+        for &m in self.held.macs.keys() {
             while let Some(a) = always.next_if(|a| *a <= m) {
                 if a != m {
                     v.push(a);
@@ -643,7 +661,12 @@ mod tests {
         assert!(!s.audit_due(t + AUDIT_QUIET / 2));
         let t1 = t + AUDIT_QUIET;
         assert!(s.audit_due(t1));
-        s.audit_sent(t1, true, true);
+        // A guest whose receive ring is full gets neither query: the audit stays due, and
+        // only the first failure of a run is worth a log line.
+        assert!(s.audit_sent(t1, false, false));
+        assert!(!s.audit_sent(t1 + TICK, false, false));
+        assert!(s.audit_due(t1 + TICK));
+        assert!(s.audit_sent(t1, true, true));
         // A change reported meanwhile (a BLOCK for a group never held) is audited after
         // the retry, not instead of it.
         s.apply(&[rec(RecordKind::Block, "ff15::1:9", &["2001:db8::1"])], t1);
@@ -665,7 +688,10 @@ mod tests {
         assert!(s.tick(t3), "silent again: gone");
         assert_eq!(s.macs(), ALWAYS.to_vec());
         let c = s.counters();
-        assert_eq!((c.audits, c.audit_silent, c.audit_dropped), (2, 1, 1));
+        assert_eq!(
+            (c.audit.audits, c.audit.audit_silent, c.audit.audit_dropped),
+            (2, 1, 1)
+        );
         assert!(s.audit_due(t3), "the BLOCK's audit");
         assert_eq!(s.audit_query().families, (true, true));
         // Within 2.5 s of the last change, ticks late included (guest-tests/churn.sh allows
@@ -700,7 +726,10 @@ mod tests {
         assert!(s.tick(t3));
         assert_eq!(s.groups(), 2, "239.1.0.2 went unanswered by an IPv4 answer: gone");
         let c = s.counters();
-        assert_eq!((c.audits, c.audit_silent, c.audit_dropped), (2, 1, 2));
+        assert_eq!(
+            (c.audit.audits, c.audit.audit_silent, c.audit.audit_dropped),
+            (2, 1, 2)
+        );
         assert!(!s.audit_due(t3 + AUDIT_WINDOW * 4), "both families heard: done");
         // Silence spares a family once per silence, not once for all time.
         let t4 = t3 + AUDIT_WINDOW * 4;
@@ -709,7 +738,7 @@ mod tests {
         s.audit_sent(t5, true, true);
         s.apply(&[rec(RecordKind::IsExclude, "ff15::1:1", &[])], t5);
         assert!(s.tick(t5 + AUDIT_WINDOW));
-        assert_eq!(s.counters().audit_silent, 2);
+        assert_eq!(s.counters().audit.audit_silent, 2);
         assert_eq!(
             s.groups(),
             2,
@@ -761,7 +790,7 @@ mod tests {
         assert_eq!(s.groups(), 2, "IPv4 spared");
         assert!(s.audit_due(quiet));
         assert_eq!(s.audit_query().families, (true, false));
-        assert_eq!(s.counters().audit_silent, 1);
+        assert_eq!(s.counters().audit.audit_silent, 1);
     }
 
     #[test]
@@ -815,11 +844,11 @@ mod tests {
         let c = s.counters();
         assert_eq!(
             (
-                c.audits,
-                c.audit_corrected,
-                c.audit_confirmed,
-                c.audit_added,
-                c.audit_dropped
+                c.audit.audits,
+                c.audit.audit_corrected,
+                c.audit.audit_confirmed,
+                c.audit.audit_added,
+                c.audit.audit_dropped
             ),
             (2, 1, 3, 0, 1)
         );
@@ -854,7 +883,7 @@ mod tests {
         );
         s.tick(t2 + AUDIT_WINDOW);
         assert_eq!(s.groups(), 3);
-        assert_eq!(s.counters().audit_added, 1);
+        assert_eq!(s.counters().audit.audit_added, 1);
         // A late repeat of the answer is not an announce.
         let late = t2 + AUDIT_WINDOW + AUDIT_WINDOW / 2;
         s.apply(&is_ex("239.1.0.3"), late);
@@ -909,7 +938,7 @@ mod tests {
         assert!(a6 + ANSWER_SETTLE < t1 + AUDIT_WINDOW);
         assert_eq!(s.groups(), 2);
         assert!(!s.macs().contains(&"01:00:5e:01:00:02".parse().unwrap()));
-        assert_eq!(s.counters().audit_dropped, 1);
+        assert_eq!(s.counters().audit.audit_dropped, 1);
     }
 
     #[test]
@@ -973,7 +1002,7 @@ mod tests {
         let t1 = t + AUDIT_QUIET;
         s.audit_sent(t1, true, true);
         s.apply(&[rec(RecordKind::IsExclude, "239.1.0.7", &[])], t1);
-        assert_eq!(s.counters().audit_added, 1);
+        assert_eq!(s.counters().audit.audit_added, 1);
         let cells = SnoopCells::default();
         cells.store(&s.counters());
         assert_eq!(cells.load(), s.counters());

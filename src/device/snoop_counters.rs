@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde::Serialize;
+
 use crate::wire::mcast_report::RecordKind;
 
 /// What the snooper refused, since it started.
@@ -31,6 +33,14 @@ pub struct SnoopCounters {
     /// Records that name a group the snooper does not hold and do not join it (a leave, a
     /// BLOCK, an empty INCLUDE): nothing to do, and a sign of a change seen out of order.
     pub unknown: u64,
+    /// What the audits found.
+    pub audit: AuditCounters,
+}
+
+/// What the snooper's audits (general queries of its own) found, since it started. The
+/// names are those `ctl stats` shows, where they sit beside the other snoop counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AuditCounters {
     /// Audit queries sent (rounds).
     pub audits: u64,
     /// Groups an answer to an audit confirmed as the snooper held them.
@@ -47,24 +57,44 @@ pub struct SnoopCounters {
     pub audit_silent: u64,
 }
 
-impl SnoopCounters {
-    /// Every counter in one array, for cells that mirror them (lock-free readers).
-    pub const LEN: usize = 2 + 16 + 7;
+impl AuditCounters {
+    const LEN: usize = 6;
 
-    pub fn to_array(&self) -> [u64; Self::LEN] {
-        let mut a = [0u64; Self::LEN];
-        a[..2].copy_from_slice(&self.reports);
-        a[2..10].copy_from_slice(&self.records[0]);
-        a[10..18].copy_from_slice(&self.records[1]);
-        a[18..].copy_from_slice(&[
-            self.unknown,
+    fn to_array(self) -> [u64; Self::LEN] {
+        [
             self.audits,
             self.audit_confirmed,
             self.audit_corrected,
             self.audit_added,
             self.audit_dropped,
             self.audit_silent,
-        ]);
+        ]
+    }
+
+    fn from_array(a: [u64; Self::LEN]) -> Self {
+        let [audits, audit_confirmed, audit_corrected, audit_added, audit_dropped, audit_silent] = a;
+        AuditCounters {
+            audits,
+            audit_confirmed,
+            audit_corrected,
+            audit_added,
+            audit_dropped,
+            audit_silent,
+        }
+    }
+}
+
+impl SnoopCounters {
+    /// Every counter in one array, for cells that mirror them (lock-free readers).
+    pub const LEN: usize = 2 + 16 + 1 + AuditCounters::LEN;
+
+    pub fn to_array(&self) -> [u64; Self::LEN] {
+        let mut a = [0u64; Self::LEN];
+        a[..2].copy_from_slice(&self.reports);
+        a[2..10].copy_from_slice(&self.records[0]);
+        a[10..18].copy_from_slice(&self.records[1]);
+        a[18] = self.unknown;
+        a[19..].copy_from_slice(&self.audit.to_array());
         a
     }
 
@@ -73,15 +103,10 @@ impl SnoopCounters {
         c.reports.copy_from_slice(&a[..2]);
         c.records[0].copy_from_slice(&a[2..10]);
         c.records[1].copy_from_slice(&a[10..18]);
-        [
-            c.unknown,
-            c.audits,
-            c.audit_confirmed,
-            c.audit_corrected,
-            c.audit_added,
-            c.audit_dropped,
-            c.audit_silent,
-        ] = [a[18], a[19], a[20], a[21], a[22], a[23], a[24]];
+        c.unknown = a[18];
+        let mut audit = [0; AuditCounters::LEN];
+        audit.copy_from_slice(&a[19..]);
+        c.audit = AuditCounters::from_array(audit);
         c
     }
 }

@@ -505,15 +505,16 @@ impl GuestPort {
             return;
         };
         let (v4, v6) = self.send_queries(q.respond, q.families);
-        debug!(
-            "port {}: audit query sent (IPv4, IPv6): {:?}, asked {:?}, answers within {:?}",
-            self.id,
-            (v4, v6),
-            q.families,
-            q.respond
-        );
         if let Some(s) = self.lock_snoop().as_mut() {
-            s.audit_sent(now, v4, v6);
+            if s.audit_sent(now, v4, v6) {
+                debug!(
+                    "port {}: audit query sent (IPv4, IPv6): {:?}, asked {:?}, answers within {:?}",
+                    self.id,
+                    (v4, v6),
+                    q.families,
+                    q.respond
+                );
+            }
             self.snoop_cells.store(&s.counters());
         }
     }
