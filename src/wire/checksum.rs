@@ -59,15 +59,17 @@ fn sum_blocks(blocks: std::slice::ChunksExact<'_, u8>) -> u64 {
     lanes.iter().sum()
 }
 
-/// Folds a wide sum to 16 bits (not inverted): four end-around carries take any u64 there,
+/// Folds a wide sum to 16 bits (not inverted): two end-around carries take any u64 there,
 /// without a loop's branches. The result is 0 only for a sum of 0, as a loop's is.
 #[inline]
 pub fn fold(acc: u64) -> u16 {
-    let a = (acc & 0xffff_ffff) + (acc >> 32);
-    let a = (a & 0xffff) + (a >> 16);
-    let a = (a & 0xffff) + (a >> 16);
-    let a = (a & 0xffff) + (a >> 16);
-    a as u16
+    // End-around carry (RFC 1071 1.2.B), 64 bits to 32 and 32 to 16: an add and an add of
+    // its carry each. The second add cannot carry out: when the first did, its sum is at
+    // most 2^n - 2.
+    let (a, carry) = (acc as u32).overflowing_add((acc >> 32) as u32);
+    let a = a + u32::from(carry);
+    let (b, carry) = (a as u16).overflowing_add((a >> 16) as u16);
+    b + u16::from(carry)
 }
 
 /// The Internet checksum of `data`: the inverted folded sum.
@@ -191,6 +193,18 @@ mod tests {
         assert_eq!(update16(0xdd2f, 0x5555, 0x3285), 0x0000);
     }
 
+    /// The carries at their edges: every bit set, a carry out of each half, and zero.
+    #[test]
+    fn fold_edges() {
+        assert_eq!(fold(0), 0);
+        assert_eq!(fold(u64::MAX), 0xffff);
+        assert_eq!(fold(0xffff), 0xffff);
+        assert_eq!(fold(0x1_0000), 1);
+        assert_eq!(fold(0xffff_ffff), 0xffff);
+        assert_eq!(fold(0x1_0000_0000), 1);
+        assert_eq!(fold(0xffff_ffff_0000_0001), 1);
+    }
+
     proptest! {
         #[test]
         fn incremental_update_matches_a_full_sum(
@@ -206,6 +220,16 @@ mod tests {
             let inc = update16(before, old, word);
             let full = checksum(&data);
             prop_assert!(inc == full || (inc == 0xffff && full == 0) || (inc == 0 && full == 0xffff));
+        }
+
+        /// The fold against the textbook loop, on any sum (wide ones included).
+        #[test]
+        fn fold_matches_the_loop(acc in any::<u64>()) {
+            let mut a = u128::from(acc);
+            while a > 0xffff {
+                a = (a & 0xffff) + (a >> 16);
+            }
+            prop_assert_eq!(u128::from(fold(acc)), a);
         }
 
         #[test]

@@ -22,11 +22,12 @@ const L4: usize = L3 + 20;
 /// The bytes every decision here reads: up to the end of a UDP header.
 const SEEN: usize = L4 + 8;
 
-/// The big-endian 32-bit word at `at` of the frame's first bytes `h`, widened for a
-/// one's-complement sum.
+/// The 32-bit word at `at` of the frame's first bytes `h`, widened for a one's-complement
+/// sum, read little-endian: a sum of such words, folded, is the byte-swapped sum of the
+/// big-endian ones (RFC 1071 2.B), and no word needs a swap of its own.
 #[inline(always)]
 fn word(h: &[u8; SEEN], at: usize) -> u64 {
-    u64::from(u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]))
+    u64::from(u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]))
 }
 
 /// `update`'s answer for the common frame; `None` for every other one. `gso` is the
@@ -70,7 +71,8 @@ pub(super) fn update(frame: &mut BurstFrame<'_>, targets: Targets, gso: u8) -> O
     if targets.has(Targets::IPH) {
         h[L3 + 10..L3 + 12].copy_from_slice(&[0, 0]);
         let sum = word(h, L3) + word(h, L3 + 4) + word(h, L3 + 8) + addrs;
-        h[L3 + 10..L3 + 12].copy_from_slice(&(!fold(sum)).to_be_bytes());
+        // The words were read little-endian: the folded sum comes byte-swapped.
+        h[L3 + 10..L3 + 12].copy_from_slice(&(!fold(sum)).to_le_bytes());
         done.wrote = true;
     }
     if !targets.has(target) {
@@ -87,7 +89,7 @@ pub(super) fn update(frame: &mut BurstFrame<'_>, targets: Targets, gso: u8) -> O
     } else {
         (16, total, false)
     };
-    let pseudo = addrs + u64::from(proto) + total as u64;
+    let pseudo = u64::from(fold(addrs).swap_bytes()) + u64::from(proto) + total as u64;
     write_checksum(
         &mut frame.bytes()[L4..L3 + ipl],
         at,
