@@ -69,8 +69,12 @@ pub(super) fn update(frame: &mut BurstFrame<'_>, targets: Targets, gso: u8) -> O
     let addrs = word(h, L3 + 12) + word(h, L3 + 16);
     let mut done = Done::default();
     if targets.has(Targets::IPH) {
-        h[L3 + 10..L3 + 12].copy_from_slice(&[0, 0]);
-        let sum = word(h, L3) + word(h, L3 + 4) + word(h, L3 + 8) + addrs;
+        // The header's sum without its checksum field, taken out of the word that holds it
+        // (its upper half, read little-endian) rather than zeroed first: a 2-byte store
+        // that the wider loads after it overlap waits to reach the cache before they can
+        // read it.
+        let old = u64::from(u16::from_le_bytes([h[L3 + 10], h[L3 + 11]])) << 16;
+        let sum = word(h, L3) + word(h, L3 + 4) + word(h, L3 + 8) - old + addrs;
         // The words were read little-endian: the folded sum comes byte-swapped.
         h[L3 + 10..L3 + 12].copy_from_slice(&(!fold(sum)).to_le_bytes());
         done.wrote = true;
