@@ -478,14 +478,17 @@ impl Snooper {
     /// is judged. True if the set of wanted groups changed.
     pub fn tick(&mut self, now: Instant) -> bool {
         let before = self.groups.len();
-        let held = &mut self.held;
-        self.groups.retain(|ip, g| {
-            let keep = g.expires.is_none_or(|e| e > now);
-            if !keep {
-                held.remove(ip);
-            }
-            keep
-        });
+        // Without a timeout no group expires: no walk of them all every tick.
+        if self.timeout.is_some() {
+            let held = &mut self.held;
+            self.groups.retain(|ip, g| {
+                let keep = g.expires.is_none_or(|e| e > now);
+                if !keep {
+                    held.remove(ip);
+                }
+                keep
+            });
+        }
         let closed = match &self.audit {
             open @ Audit::Open { until, early, .. }
                 if now >= *until || (*early && Self::answers_complete(open, now)) =>
