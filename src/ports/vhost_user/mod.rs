@@ -20,6 +20,7 @@ mod budget;
 mod config_change;
 mod connection;
 mod ctrl_queue;
+mod direct_copy;
 mod guest_port;
 mod health;
 mod memcheck;

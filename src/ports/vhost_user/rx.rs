@@ -164,13 +164,11 @@ impl RxSide {
 impl RxSide {
     /// The burst path ([`crate::pipeline::Egress::write_plain`]): `frames`, which came in
     /// on queue `flow` with headers that ask for nothing, admitted and written as
-    /// [`RxSide::admit`] and [`RxSide::write`] would, one by one, with what a plain frame
-    /// never needs left out: RSS with one queue and no hash asked for picks queue 0, and
-    /// the guest sees the header as sent (no offload to undo or complete). `None`, having
-    /// done nothing, for a driver with several queues or the hash report (they take the
-    /// general path), and for a port with no driver (which counts the drop there). The
-    /// filter's verdict on a destination is taken at its first frame in the run, as the
-    /// general path takes it when it queues a frame.
+    /// [`RxSide::admit`] and [`RxSide::write`] would, less what a plain frame never needs:
+    /// RSS (one queue, no hash asked for) and header rewrites (no offload to undo or
+    /// complete). The filter is asked at a destination's first frame in the run, and the
+    /// run is counted and traced once. `None`, having done nothing, for a driver with
+    /// several queues or the hash report (general path), or with none (counted there).
     pub(super) fn write_plain(
         &self,
         health: &Health,
@@ -247,8 +245,11 @@ impl RxSide {
             let after = frames.len().saturating_sub(at + 1);
             flow_stats.rx_dropped.add(after as u64);
         }
+        stats.rx_packets.add(w.delivered as u64);
+        stats.rx_bytes.add(w.plain_bytes);
         w.end_run();
         actions.count_passes(counts, passes);
+        trace!("port {}: rx {} frames of queue {flow}", health.id, w.delivered);
         Some(w.delivered)
     }
 }
@@ -278,6 +279,7 @@ struct RxWriter<'w, 'm> {
     /// frame's worst case, which is never moved or zeroed).
     run: RxRun,
     delivered: usize,
+    plain_bytes: u64,
 }
 
 impl<'w, 'm> RxWriter<'w, 'm> {
@@ -301,6 +303,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
             held: None,
             run: RxRun::new(rx.feat.hdr_len(), rx.feat.mrg_rxbuf()),
             delivered: 0,
+            plain_bytes: 0,
         }
     }
 
@@ -378,9 +381,14 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         }
         let Some(held) = self.held.as_mut() else { return };
         let (queue, ring, run) = (held.state.get_queue_mut(), &held.ring, &mut self.run);
-        // Unguarded: the caller holds one guard around its whole run.
-        let res = run.push_plain(queue, ring, &mut *frame, flags);
-        self.pushed(stats, 0, Some(res), frame.len(), false);
+        // Unguarded, counted and traced: the caller does each once for its whole run.
+        match run.push_plain(queue, ring, &mut *frame, flags) {
+            Ok(_) => {
+                self.delivered += 1;
+                self.plain_bytes += frame.len() as u64;
+            }
+            Err(e) => self.refused(stats, 0, e),
+        }
     }
 
     /// Counts what became of a frame of `len` bytes written into queue `q` (`None`: a bug
@@ -394,7 +402,6 @@ impl<'w, 'm> RxWriter<'w, 'm> {
         len: usize,
         completed: bool,
     ) {
-        let health = self.health;
         match res {
             Some(Ok(_)) => {
                 stats.rx_packets.inc();
@@ -403,7 +410,7 @@ impl<'w, 'm> RxWriter<'w, 'm> {
                     stats.rx_csum_completed.inc();
                 }
                 self.delivered += 1;
-                trace!("port {}: rx {len} bytes on queue {q}", health.id);
+                trace!("port {}: rx {len} bytes on queue {q}", self.health.id);
             }
             Some(Err(e)) => self.refused(stats, q, e),
             None => self.lost(stats, q),

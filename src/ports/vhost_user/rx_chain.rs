@@ -12,6 +12,7 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
 use super::avail_heads::AvailHeads;
+use super::direct_copy::copy_to_guest;
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
 use super::used_batch::UsedBatch;
 use crate::pipeline::BurstFrame;
@@ -257,7 +258,7 @@ impl RxRun {
             },
         };
         update_header(&buf, &hdr[..hdr_len]);
-        body.copy_from(frame);
+        copy_to_guest(&body, frame);
         if let Some(after) = after {
             rest.copy_into(after);
         }
@@ -540,7 +541,7 @@ fn write_guest<M: GuestMemory>(
     at: GuestAddress,
 ) -> Result<(), GuestMemoryError> {
     if let Some(s) = mem.slice(at, src.len()) {
-        s.copy_from(src);
+        copy_to_guest(&s, src);
         return Ok(());
     }
     mem.mem().write_slice(src, at)
@@ -568,11 +569,8 @@ fn update_guest<M: GuestMemory>(
     }
 }
 
-/// Stores `src` at the start of `s` (at least as long) unless those bytes hold it already.
-/// A driver that reuses its buffers (DPDK's virtio PMD) finds the header it left there,
-/// and a line that is only read stays in both CPUs' caches, where a store would move it
-/// to this CPU and back again for the driver's read (docs/performance.md has what storing
-/// it always costs).
+/// Stores `src` at the start of `s` (at least as long) unless those bytes hold it already
+/// ([`update_guest`] says why; docs/performance.md has what storing it always costs).
 #[inline(always)]
 fn update_header<B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
     // The three header sizes (virtio 1.2, 5.1.6), each compared at its own fixed size: a

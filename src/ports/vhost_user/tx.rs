@@ -256,7 +256,7 @@ impl TxWorker {
                 run.write(tx.switch, &before, &from, &mut out);
             }
             let plain = burst && !rules.capturing(); // a capture's hooks: general path only
-            let mut taken = 0;
+            let (mut taken, mut sent) = (0, (0, 0)); // arena bytes; burst path (frames, bytes)
             for slot in batch.slots() {
                 spent.chains += 1;
                 spent.walked += usize::from(slot.walked);
@@ -271,7 +271,7 @@ impl TxWorker {
                     continue;
                 };
                 let frame = if plain {
-                    match plain_frame(tx, &rules, &mut from, stats, hdr, frame) {
+                    match plain_frame(tx, &rules, &mut from, &mut sent, hdr, frame) {
                         Ok(Some((to, frame))) => {
                             run.push(tx.switch, &rules, &from, to, frame, &mut out);
                             continue;
@@ -286,6 +286,7 @@ impl TxWorker {
                 run.write(tx.switch, &rules, &from, &mut out);
                 forward(tx, stats, &rules, &mut from, hdr, frame.into_bytes(), &mut out);
             }
+            count_sent(stats, sent);
             last_rules = Some(rules);
         }
         if let Some(rules) = last_rules {
@@ -331,6 +332,12 @@ fn take_chain<'a>(
     Some((hdr, frame))
 }
 
+/// Adds the burst path's `(frames, bytes)` of one batch to the worker's queue.
+fn count_sent(stats: &QueueStats, (frames, bytes): (u64, u64)) {
+    stats.tx_packets.add(frames);
+    stats.tx_bytes.add(bytes);
+}
+
 /// The general path: [`admit`], then [`Switch::forward`] into `out`, a bug met on the way
 /// costing this frame only.
 fn forward<'a>(
@@ -356,7 +363,8 @@ fn forward<'a>(
 
 /// The burst path's admission ([`Switch::plain_destination`]): a frame whose header asks
 /// for nothing ([`VirtioNetHdr::asks_nothing`]), from a source `--port-mac-lock` allows, to
-/// one learned port. Counted as [`admit`] counts it (on `stats`, the worker's queue).
+/// one learned port. Counted as [`admit`] counts it, in `sent` (frames, bytes) for the
+/// caller to add to the worker's queue once per batch.
 /// `Ok(None)`: an ingress action dropped the frame. `Err`: the frame, for the general path,
 /// nothing done or counted.
 #[inline]
@@ -364,7 +372,7 @@ fn plain_frame<'a>(
     tx: &TxQueue<'_>,
     rules: &Rules,
     from: &mut Ingress<'_>,
-    stats: &QueueStats,
+    sent: &mut (u64, u64),
     hdr: &[u8],
     mut frame: BurstFrame<'a>,
 ) -> Result<Option<(Dest, BurstFrame<'a>)>, BurstFrame<'a>> {
@@ -377,9 +385,9 @@ fn plain_frame<'a>(
     let Some(plain) = found.flatten() else {
         return Err(frame);
     };
-    // Counted as `admit` counts, without its trace line: the receiver's has the frame.
-    stats.tx_packets.inc();
-    stats.tx_bytes.add(frame.len() as u64);
+    // Counted as `admit` counts, without its trace line: the receiver's has the run.
+    sent.0 += 1;
+    sent.1 += frame.len() as u64;
     Ok(match plain {
         Plain::To(to) => Some((to, frame)),
         Plain::Dropped => None,

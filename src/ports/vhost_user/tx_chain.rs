@@ -13,6 +13,7 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
+use super::direct_copy::copy_from_guest;
 use super::split_ring::{
     walk_one, ChainError, GuestBuffers, RingError, SplitRing, HEADS_AT_ONCE, MAX_FRAME_DESCS,
 };
@@ -286,8 +287,8 @@ fn copy_one_desc<M: GuestMemory>(
     } else {
         None
     };
-    // `copy_to` copies as many bytes as the shorter of the two holds.
-    bytes.copy_to(&mut buf[..copied]);
+    // As many bytes as the shorter of the two holds.
+    copy_from_guest(&bytes, &mut buf[..copied]);
     Some((len, rest))
 }
 
@@ -353,7 +354,7 @@ fn read_guest<M: GuestMemory>(
     at: GuestAddress,
 ) -> Result<(), GuestMemoryError> {
     if let Some(s) = mem.slice(at, dst.len()) {
-        s.copy_to(dst);
+        copy_from_guest(&s, dst);
         return Ok(());
     }
     mem.mem().read_slice(dst, at)

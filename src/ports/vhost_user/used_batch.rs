@@ -6,6 +6,7 @@
 //! the used index is published (virtio 1.2, 2.7.8), and every path that publishes writes
 //! what is staged first.
 
+use arrayvec::ArrayVec;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
 use vm_memory::GuestMemory;
 
@@ -13,6 +14,10 @@ use super::split_ring::{RingError, SplitRing, USED_ELEM};
 
 /// Elements staged at most; a run that uses more buffers writes them in several copies.
 pub const USED_BATCH: usize = 64;
+
+/// Staged elements, as the ring holds them. Kept uninitialised (`ArrayVec`): zeroing room
+/// for a whole batch cost more per TX batch and per receive run than writing its elements.
+type Staged = ArrayVec<[u8; USED_ELEM], USED_BATCH>;
 
 /// Writes chains `heads` used with length 0 (nothing written into them: a TX batch's),
 /// at used positions from `first` on, in one copy (two where the ring wraps). More than
@@ -23,16 +28,14 @@ pub fn put_unwritten<M: GuestMemory>(
     first: u16,
     mut heads: impl Iterator<Item = u16>,
 ) -> Result<(), RingError> {
-    let mut bytes = [0u8; USED_ELEM * USED_BATCH];
-    let mut n = 0;
-    for (e, head) in bytes.chunks_exact_mut(USED_ELEM).zip(heads.by_ref()) {
-        e.copy_from_slice(&used_elem(ring, head, 0)?);
-        n += 1;
+    let mut staged = Staged::new();
+    for head in heads.by_ref().take(USED_BATCH) {
+        staged.push(used_elem(ring, head, 0)?);
     }
     if heads.next().is_some() {
         return Err(RingError(QueueError::InvalidSize));
     }
-    ring.put_used_elems(first, &bytes[..USED_ELEM * n])
+    ring.put_used_elems(first, staged.as_flattened())
 }
 
 /// The used element of chain `head` with `len` bytes written, as the ring holds it. A head
@@ -50,27 +53,15 @@ fn used_elem<M: GuestMemory>(
 }
 
 /// Used elements for consecutive used positions from `first`, as the ring holds them.
+#[derive(Default)]
 pub struct UsedBatch {
     first: u16,
     /// The position the next element must have to join the batch.
     next: u16,
-    len: usize,
     /// Elements the batch takes before it is written: fewer than [`USED_BATCH`] on a ring
     /// that holds fewer; 0 while empty, so that the first element starts it.
     room: usize,
-    bytes: [u8; USED_ELEM * USED_BATCH],
-}
-
-impl Default for UsedBatch {
-    fn default() -> Self {
-        UsedBatch {
-            first: 0,
-            next: 0,
-            len: 0,
-            room: 0,
-            bytes: [0; USED_ELEM * USED_BATCH],
-        }
-    }
+    staged: Staged,
 }
 
 impl UsedBatch {
@@ -87,15 +78,11 @@ impl UsedBatch {
         len: u32,
     ) -> Result<(), RingError> {
         let elem = used_elem(ring, head, len)?;
-        if self.len >= self.room || pos != self.next {
+        if self.staged.len() >= self.room || pos != self.next {
             self.start(ring, pos)?;
         }
-        if let Some(e) = self
-            .bytes
-            .get_mut(USED_ELEM * self.len..USED_ELEM * (self.len + 1))
-        {
-            e.copy_from_slice(&elem);
-            self.len += 1;
+        // `start` left room (`room` is at most the capacity).
+        if self.staged.try_push(elem).is_ok() {
             self.next = pos.wrapping_add(1);
         }
         Ok(())
@@ -113,12 +100,13 @@ impl UsedBatch {
 
     /// Writes what is staged into `ring`'s used ring, and empties the batch.
     pub fn write<M: GuestMemory>(&mut self, ring: &SplitRing<'_, M>) -> Result<(), RingError> {
-        let n = std::mem::take(&mut self.len);
         self.room = 0;
-        if n == 0 {
+        if self.staged.is_empty() {
             return Ok(());
         }
-        ring.put_used_elems(self.first, &self.bytes[..USED_ELEM * n])
+        let written = ring.put_used_elems(self.first, self.staged.as_flattened());
+        self.staged.clear();
+        written
     }
 
     /// Takes the chains up to avail position `pos` and returns `heads` used with length 0:
@@ -143,7 +131,7 @@ impl UsedBatch {
 
     /// Forgets what is staged: for a run that ends without publishing (its ring is gone).
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.staged.clear();
         self.room = 0;
     }
 }
