@@ -3,8 +3,7 @@
 //! bytes in. vm-memory 0.18's `VolatileSlice::copy_to` and `copy_from` make the same call
 //! through `copy_slice`, an out-of-line function that first tests whether the range is a
 //! word or less (then copied with volatile accesses, for device registers). A frame never
-//! is, and the detour was about a fortieth of a 64-byte frame's instructions
-//! (docs/performance.md, "What shaped the path").
+//! is; docs/performance.md ("What shaped the path") has what the detour cost.
 
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::VolatileSlice;

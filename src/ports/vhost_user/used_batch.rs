@@ -15,8 +15,8 @@ use super::split_ring::{RingError, SplitRing, USED_ELEM};
 /// Elements staged at most; a run that uses more buffers writes them in several copies.
 pub const USED_BATCH: usize = 64;
 
-/// Staged elements, as the ring holds them. Kept uninitialised (`ArrayVec`): zeroing room
-/// for a whole batch cost more per TX batch and per receive run than writing its elements.
+/// Staged elements, as the ring holds them, kept uninitialised (`ArrayVec`) rather than
+/// zeroed per TX batch and per receive run (docs/performance.md, "What shaped the path").
 type Staged = ArrayVec<[u8; USED_ELEM], USED_BATCH>;
 
 /// Writes chains `heads` used with length 0 (nothing written into them: a TX batch's),
