@@ -80,7 +80,7 @@ impl Egress for Recorder {
             }
             // As a guest port does (ports/vhost_user/rx.rs): the egress actions on each
             // frame the filter took.
-            if !actions.is_empty() && actions.apply_plain(f, tally.counts(self.id, flow)).is_none() {
+            if !actions.is_empty() && actions.apply_plain(f, &tally.counts(self.id, flow)).is_none() {
                 continue;
             }
             self.got.lock().unwrap().push(f.bytes().to_vec());

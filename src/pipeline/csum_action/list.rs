@@ -110,7 +110,7 @@ impl ActionList {
     /// in `counts` as [`apply`] counts: the header flags it leaves (DATA_VALID once an
     /// upper layer's sum was computed), `None` if the frame drops.
     #[inline]
-    pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, counts: Counts<'_>) -> Option<u8> {
+    pub fn apply_plain(&self, frame: &mut BurstFrame<'_>, counts: &Counts<'_>) -> Option<u8> {
         let mut passes = Passes::default();
         let flags = self.apply_plain_in_run(frame, counts, &mut passes);
         self.count_passes(counts, passes);
@@ -127,29 +127,33 @@ impl ActionList {
     pub fn apply_plain_in_run(
         &self,
         frame: &mut BurstFrame<'_>,
-        counts: Counts<'_>,
+        counts: &Counts<'_>,
         passes: &mut Passes,
     ) -> Option<u8> {
-        // Out of line: an unlocked list's frame pays one test for the lock, not the drop
-        // of an `Option` of its guard.
+        // Out of line, and counted there: an unlocked list's frame pays one test for the
+        // lock, not the drop of an `Option` of its guard, and `passes` is never handed to
+        // a call, so that it can stay in registers through a run.
         if let Some(c) = &self.contended {
-            return self.apply_plain_locked(c, frame, counts, passes);
+            return self.apply_plain_locked(c, frame, counts);
         }
         self.apply_plain_unlocked(frame, counts, passes)
     }
 
-    /// [`ActionList::apply_plain_in_run`] on a locked list (`--csum-rules locked`).
+    /// [`ActionList::apply_plain_in_run`] on a locked list (`--csum-rules locked`), its
+    /// frame counted as it goes.
     #[cold]
     #[inline(never)]
     fn apply_plain_locked(
         &self,
         c: &Contended,
         frame: &mut BurstFrame<'_>,
-        counts: Counts<'_>,
-        passes: &mut Passes,
+        counts: &Counts<'_>,
     ) -> Option<u8> {
         let _held = c.hold(frame.len());
-        self.apply_plain_unlocked(frame, counts, passes)
+        let mut passes = Passes::default();
+        let flags = self.apply_plain_unlocked(frame, counts, &mut passes);
+        self.count_passes(counts, passes);
+        flags
     }
 
     /// [`ActionList::apply_plain_in_run`] once the list's lock, if any, is held.
@@ -157,7 +161,7 @@ impl ActionList {
     fn apply_plain_unlocked(
         &self,
         frame: &mut BurstFrame<'_>,
-        counts: Counts<'_>,
+        counts: &Counts<'_>,
         passes: &mut Passes,
     ) -> Option<u8> {
         if let Some(targets) = self.every_frame {
@@ -167,13 +171,20 @@ impl ActionList {
                 return Some(if done.l4_complete { F_DATA_VALID } else { 0 });
             }
         }
+        self.apply_general(frame, counts)
+    }
+
+    /// The frame [`ActionList::apply_plain_in_run`]'s one pass does not take: every action
+    /// in turn, as [`apply`] runs them.
+    #[inline(never)]
+    fn apply_general(&self, frame: &mut BurstFrame<'_>, counts: &Counts<'_>) -> Option<u8> {
         let mut pkt = Packet::new(VirtioNetHdr::default(), frame.bytes());
-        apply(&self.actions, &mut pkt, counts).then_some(pkt.hdr.flags)
+        apply(&self.actions, &mut pkt, *counts).then_some(pkt.hdr.flags)
     }
 
     /// Adds what the one pass did over a run: each frame rewritten counted in
     /// `csum_updated`, and matched and passed by each action.
-    pub fn count_passes(&self, counts: Counts<'_>, passes: Passes) {
+    pub fn count_passes(&self, counts: &Counts<'_>, passes: Passes) {
         if passes.frames == 0 {
             return;
         }
@@ -255,7 +266,7 @@ mod tests {
             let (quick_stats, slow_stats) = (QueueStats::default(), QueueStats::default());
             let (quick_acts, slow_acts) = (action_slots(l.len()), action_slots(l.len()));
             let mut quick = f.clone();
-            let flags = l.apply_plain(&mut BurstFrame::new(&mut quick), Counts::new(&quick_stats, &quick_acts));
+            let flags = l.apply_plain(&mut BurstFrame::new(&mut quick), &Counts::new(&quick_stats, &quick_acts));
             let mut slow = f.clone();
             let mut pkt = Packet::new(VirtioNetHdr::default(), &mut slow);
             let kept = apply(&l, &mut pkt, Counts::new(&slow_stats, &slow_acts));
@@ -274,7 +285,7 @@ mod tests {
             let (locked_stats, locked_acts) = (QueueStats::default(), action_slots(l.len()));
             let mut one = f.clone();
             let counts = Counts::new(&locked_stats, &locked_acts);
-            prop_assert_eq!(locked.apply_plain(&mut BurstFrame::new(&mut one), counts), flags);
+            prop_assert_eq!(locked.apply_plain(&mut BurstFrame::new(&mut one), &counts), flags);
             let mut two = f.clone();
             let mut pkt = Packet::new(VirtioNetHdr::default(), &mut two);
             prop_assert_eq!(locked.apply(&mut pkt, counts), kept);

@@ -81,7 +81,8 @@ pub(super) fn udp_covered(uh: &[u8], total: usize, lite: bool, v4: bool) -> Opti
             _ => None,
         };
     }
-    if (v4 && uh[6] == 0 && uh[7] == 0) || ul != total {
+    // The checksum field as one 16-bit load: zero in either byte order.
+    if (v4 && u16::from_ne_bytes([uh[6], uh[7]]) == 0) || ul != total {
         return None;
     }
     Some(ul)

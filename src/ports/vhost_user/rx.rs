@@ -229,7 +229,7 @@ impl RxSide {
             let mut flags = 0;
             if !actions.is_empty() {
                 contained.set(true);
-                let acted = actions.apply_plain_in_run(frame, counts, &mut passes);
+                let acted = actions.apply_plain_in_run(frame, &counts, &mut passes);
                 contained.set(false);
                 let Some(f) = acted else {
                     return;
@@ -248,7 +248,7 @@ impl RxSide {
         stats.rx_packets.add(w.delivered as u64);
         stats.rx_bytes.add(w.plain_bytes);
         w.end_run();
-        actions.count_passes(counts, passes);
+        actions.count_passes(&counts, passes);
         trace!("port {}: rx {} frames of queue {flow}", health.id, w.delivered);
         Some(w.delivered)
     }
