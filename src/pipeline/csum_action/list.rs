@@ -131,8 +131,9 @@ impl ActionList {
         passes: &mut Passes,
     ) -> Option<u8> {
         // Out of line, and counted there: an unlocked list's frame pays one test for the
-        // lock, not the drop of an `Option` of its guard, and `passes` is never handed to
-        // a call, so that it can stay in registers through a run.
+        // lock, not the drop of an `Option` of its guard, and `passes` is handed to no
+        // call (handed to one, its two counts were packed into a vector register and
+        // stored back for every frame).
         if let Some(c) = &self.contended {
             return self.apply_plain_locked(c, frame, counts);
         }
