@@ -603,14 +603,16 @@ fn control_clients_are_bounded_per_line_and_in_number() {
     let mut line = String::new();
     BufReader::new(big).read_line(&mut line).unwrap();
     assert!(line.contains("request longer than 65536 bytes"), "{line}");
-    let idle: Vec<UnixStream> = (0..16).map(|_| UnixStream::connect(&d.ctl).unwrap()).collect();
-    thread::sleep(Duration::from_millis(200));
+    // The two clients above end on the server's side in their own time: until they have,
+    // a new client may be refused. Each of the 16 held here is answered once, so all 16
+    // hold a slot before the 17th connects.
+    let held: Vec<UnixStream> = (0..16).map(|_| client_with_a_slot(&d)).collect();
     let mut extra = UnixStream::connect(&d.ctl).unwrap();
     extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut line = String::new();
     BufReader::new(&mut extra).read_line(&mut line).unwrap();
     assert!(line.contains("too many control clients"), "{line}");
-    drop(idle);
+    drop(held);
     // Until the server has seen the idle clients go, a request may be refused too (and
     // counted): wait for one that is answered, then the two refusals above are counted.
     let mut refused = None;
@@ -621,6 +623,29 @@ fn control_clients_are_bounded_per_line_and_in_number() {
     });
     assert!(refused >= Some(2), "{refused:?}");
     b.check(&mut d, "control clients");
+}
+
+/// A control client the server has answered once, so it holds one of the slots; a client
+/// refused while earlier ones are still ending is dropped and another connects.
+fn client_with_a_slot(d: &Daemon) -> UnixStream {
+    let mut held = None;
+    wait_until("a control slot", || {
+        let mut s = UnixStream::connect(&d.ctl).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // A refused client may be closed before the request is written: its refusal
+        // line is still there to read.
+        let sent = s.write_all(b"{\"cmd\":\"action-list\"}\n");
+        let mut line = String::new();
+        BufReader::new(&mut s).read_line(&mut line).unwrap();
+        if line.contains("too many control clients") {
+            return false;
+        }
+        sent.unwrap();
+        assert!(line.starts_with("{\"actions\":"), "{line}");
+        held = Some(s);
+        true
+    });
+    held.expect("wait_until returned, so a client was answered")
 }
 
 fn metrics_addr(d: &Daemon) -> SocketAddr {

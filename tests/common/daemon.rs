@@ -151,11 +151,12 @@ impl Daemon {
     pub fn ctl(&self, req: &str) -> serde_json::Value {
         let mut s = UnixStream::connect(&self.ctl).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        s.write_all(b"\n").unwrap();
+        // A client refused (all slots taken) may be closed before its request is written:
+        // the refusal, a JSON error, is still there to read.
+        let sent = s.write_all(format!("{req}\n").as_bytes());
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e} in {line:?} (request written: {sent:?})"))
     }
 
     /// A counter of port `port` from `ctl stats` (totals for queue counters).
