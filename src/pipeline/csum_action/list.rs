@@ -132,8 +132,8 @@ impl ActionList {
     ) -> Option<u8> {
         // Out of line, and counted there: an unlocked list's frame pays one test for the
         // lock, not the drop of an `Option` of its guard, and `passes` is handed to no
-        // call (handed to one, its two counts were packed into a vector register and
-        // stored back for every frame).
+        // call, so its counts can stay in registers for the whole run (what that is worth:
+        // docs/performance.md, "What shaped the path").
         if let Some(c) = &self.contended {
             return self.apply_plain_locked(c, frame, counts);
         }
