@@ -585,6 +585,7 @@ fn guest_memory_that_shrinks_ends_only_its_connection() {
 fn control_clients_are_bounded_per_line_and_in_number() {
     let mut d = Daemon::start(1, &[]);
     let b = Baseline::take(&d);
+    let refused_before = refused_controls(&d.ctl(r#"{"cmd":"stats"}"#));
     let s = UnixStream::connect(&d.ctl).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = s.try_clone().unwrap();
@@ -605,42 +606,56 @@ fn control_clients_are_bounded_per_line_and_in_number() {
     assert!(line.contains("request longer than 65536 bytes"), "{line}");
     // The two clients above end on the server's side in their own time: until they have,
     // a new client may be refused. Each of the 16 held here is answered once, so all 16
-    // hold a slot before the 17th connects.
-    let held: Vec<UnixStream> = (0..16).map(|_| client_with_a_slot(&d)).collect();
+    // hold a slot before the 17th connects. Every refusal the test meets is counted, so
+    // that the daemon's count is checked exactly.
+    let mut seen_refused = 1; // the oversized line
+    let held: Vec<UnixStream> = (0..16)
+        .map(|_| client_with_a_slot(&d, &mut seen_refused))
+        .collect();
     let mut extra = UnixStream::connect(&d.ctl).unwrap();
     extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut line = String::new();
     BufReader::new(&mut extra).read_line(&mut line).unwrap();
-    assert!(line.contains("too many control clients"), "{line}");
+    assert!(is_refusal(&line), "{line}");
+    seen_refused += 1;
     drop(held);
-    // Until the server has seen the idle clients go, a request may be refused too (and
-    // counted): wait for one that is answered, then the two refusals above are counted.
+    // Until the server has seen the held clients go, a request may be refused too.
     let mut refused = None;
     wait_until("a slot again", || {
         let v = d.ctl(r#"{"cmd":"stats"}"#);
-        refused = v["clients_refused"]["control"].as_u64();
-        refused.is_some()
+        if is_refusal(&v.to_string()) {
+            seen_refused += 1;
+            return false;
+        }
+        refused = Some(refused_controls(&v));
+        true
     });
-    assert!(refused >= Some(2), "{refused:?}");
+    assert_eq!(refused, Some(refused_before + seen_refused));
     b.check(&mut d, "control clients");
 }
 
-/// A control client the server has answered once, so it holds one of the slots; a client
-/// refused while earlier ones are still ending is dropped and another connects.
-fn client_with_a_slot(d: &Daemon) -> UnixStream {
+fn is_refusal(line: &str) -> bool {
+    line.contains("too many control clients")
+}
+
+/// `ctl stats`' count of refused control clients.
+fn refused_controls(stats: &serde_json::Value) -> u64 {
+    stats["clients_refused"]["control"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no clients_refused.control in {stats}"))
+}
+
+/// A control client the server has answered once, so it holds one of the slots. A client
+/// refused while earlier ones are still ending is dropped, counted in `refusals`, and
+/// another connects.
+fn client_with_a_slot(d: &Daemon, refusals: &mut u64) -> UnixStream {
     let mut held = None;
     wait_until("a control slot", || {
-        let mut s = UnixStream::connect(&d.ctl).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        // A refused client may be closed before the request is written: its refusal
-        // line is still there to read.
-        let sent = s.write_all(b"{\"cmd\":\"action-list\"}\n");
-        let mut line = String::new();
-        BufReader::new(&mut s).read_line(&mut line).unwrap();
-        if line.contains("too many control clients") {
+        let (s, line) = d.ctl_client(r#"{"cmd":"action-list"}"#);
+        if is_refusal(&line) {
+            *refusals += 1;
             return false;
         }
-        sent.unwrap();
         assert!(line.starts_with("{\"actions\":"), "{line}");
         held = Some(s);
         true

@@ -149,14 +149,21 @@ impl Daemon {
     }
 
     pub fn ctl(&self, req: &str) -> serde_json::Value {
+        let (_, line) = self.ctl_client(req);
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e} in {line:?}"))
+    }
+
+    /// A new control client that sent `req`, and the line it got back: the answer, or the
+    /// refusal of a client past the cap. A refused client may be closed before its request
+    /// is written; the refusal is still there to read.
+    pub fn ctl_client(&self, req: &str) -> (UnixStream, String) {
         let mut s = UnixStream::connect(&self.ctl).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        // A client refused (all slots taken) may be closed before its request is written:
-        // the refusal, a JSON error, is still there to read.
         let sent = s.write_all(format!("{req}\n").as_bytes());
         let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e} in {line:?} (request written: {sent:?})"))
+        BufReader::new(&mut s).read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "no answer to {req} (request written: {sent:?})");
+        (s, line)
     }
 
     /// A counter of port `port` from `ctl stats` (totals for queue counters).
