@@ -82,10 +82,14 @@ impl MacAddr {
 
     /// The address as a 48-bit number, octet 0 most significant (as FMan drivers use it).
     pub fn as_u64(&self) -> u64 {
-        // One load and a byte swap, where a fold over the octets is a loop of six (the
-        // switch and every receiver's filter ask for it per frame).
+        // Two loads, of four octets and of two, and byte swaps, where a fold over the
+        // octets is a loop of six (the switch and every receiver's filter ask for it per
+        // frame). Built from eight octets instead, the compiler loads the six as two
+        // overlapping words, and when the address sits on the stack as a four- and a
+        // two-octet store, the second load spans both and must wait for them to reach the
+        // cache (docs/performance.md, "What shaped the path").
         let [a, b, c, d, e, f] = self.0;
-        u64::from_be_bytes([0, 0, a, b, c, d, e, f])
+        (u64::from(u32::from_be_bytes([a, b, c, d])) << 16) | u64::from(u16::from_be_bytes([e, f]))
     }
 
     pub fn from_u64(v: u64) -> Self {
