@@ -147,7 +147,7 @@ proptest! {
         // fail nor change what is read after it.
         for (from, n) in [(q2.next_avail(), usize::from(l.avail_idx)), (l.used_event, usize::MAX)] {
             if let Ok(heads) = ring.heads(from, n) {
-                ring.prefetch(&heads);
+                ring.prefetch_descriptors(&heads);
             }
         }
         let ours: Result<Vec<(u16, Seen)>, _> = ring.avail_idx(q2.next_avail()).map(|end| {
@@ -233,7 +233,7 @@ fn a_ring_across_two_regions_is_read_through_guest_memory() {
     assert_eq!(end, SIZE);
     let heads = ring.heads(0, usize::from(SIZE)).unwrap();
     assert_eq!(heads.to_vec(), (0..SIZE).collect::<Vec<_>>());
-    ring.prefetch(&heads);
+    ring.prefetch_descriptors(&heads);
     for pos in 0..SIZE {
         let head = ring.head(pos).unwrap();
         assert_eq!(

@@ -25,7 +25,7 @@ use thiserror::Error;
 use vhost_user_backend::VringRwLock;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueT};
-use vm_memory::bitmap::MS;
+use vm_memory::bitmap::{BitmapSlice, MS};
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryError,
     GuestMemoryMmap, GuestMemoryRegion, VolatileMemory, VolatileSlice,
@@ -472,12 +472,12 @@ const AVAIL_ENTRY: usize = 2;
 /// Avail entries [`SplitRing::heads`] reads at once: a TX batch (tx_chain.rs `TX_BATCH`).
 pub const HEADS_AT_ONCE: usize = 32;
 
-/// Chains [`SplitRing::prefetch`] looks ahead at most: a TX batch.
+/// Chains [`SplitRing::prefetch_descriptors`] looks ahead at most: a TX batch.
 const PREFETCH_CHAINS: usize = HEADS_AT_ONCE;
 
-/// Bytes of each chain's first buffer it asks for at most: a small frame and its header.
+/// Bytes of a buffer [`prefetch_start`] asks for at most: a small frame and its header.
 /// A longer frame's later lines follow through the CPU's own prefetchers.
-const PREFETCH_BYTES: usize = 128;
+pub const PREFETCH_BYTES: usize = 128;
 
 /// Asks the CPU to start loading the cache line of `p`. A hint: a prefetch never faults
 /// and changes nothing the program can see, whatever `p` is.
@@ -493,39 +493,38 @@ fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
+/// Asks the CPU to start loading the first bytes of `bytes`, [`PREFETCH_BYTES`] at most:
+/// the lines a chain's header and small frame lie in. Served one after the other, each
+/// chain waits for its buffer to come over from the driver's CPU; asked for together,
+/// a batch's misses overlap, as DPDK's vhost library prefetches a burst's buffers.
+#[inline]
+pub fn prefetch_start<B: BitmapSlice>(bytes: &VolatileSlice<'_, B>) {
+    let len = bytes.len().min(PREFETCH_BYTES);
+    if len == 0 {
+        return;
+    }
+    let start = bytes.ptr_guard();
+    // The first, middle and last byte: 128 bytes span at most three lines.
+    for off in [0, len / 2, len - 1] {
+        prefetch_line(start.as_ptr().wrapping_add(off));
+    }
+}
+
 impl<M: GuestMemory + ?Sized> SplitRing<'_, M> {
-    /// Asks the CPU to start loading what serving the chains `heads` will read: their
-    /// descriptors, then the first bytes of their first buffers. Served one after the
-    /// other, each chain waits for its descriptor and then its buffer to come over from the
-    /// driver's CPU; asked for together, those misses overlap, as DPDK's vhost library
-    /// prefetches its descriptors and buffers. A hint and nothing more: what it reads is
-    /// bounded like any access, decides nothing, and is read again by the walk that serves
-    /// the chains. A head past the table, a descriptor table outside one memory region and
-    /// indirect tables are skipped.
-    pub fn prefetch(&self, heads: &[u16]) {
+    /// Asks the CPU to start loading the descriptors of the chains `heads`, whose reads
+    /// would otherwise each wait in turn for a line from the driver's CPU. A hint and
+    /// nothing more: it reads nothing. A head past the table, and a descriptor table
+    /// outside one memory region, are skipped.
+    pub fn prefetch_descriptors(&self, heads: &[u16]) {
         let Area::Host(desc) = &self.desc else {
             return;
         };
         let table = desc.ptr_guard();
-        let heads = &heads[..heads.len().min(PREFETCH_CHAINS)];
-        for &h in heads.iter().filter(|&&h| h < self.size) {
+        for &h in heads[..heads.len().min(PREFETCH_CHAINS)]
+            .iter()
+            .filter(|&&h| h < self.size)
+        {
             prefetch_line(table.as_ptr().wrapping_add(usize::from(h) * DESC_SIZE as usize));
-        }
-        for &h in heads.iter().filter(|&&h| h < self.size) {
-            let Ok(d) = self.desc.read_desc(self.mem(), u64::from(h) * DESC_SIZE) else {
-                continue;
-            };
-            if d.refers_to_indirect_table() {
-                continue;
-            }
-            let len = (d.len() as usize).min(PREFETCH_BYTES);
-            if let Some(s) = self.bufs.slice(d.addr(), len) {
-                let buf = s.ptr_guard();
-                // The first, middle and last byte: 128 bytes span at most three lines.
-                for off in [0, len / 2, len.saturating_sub(1)] {
-                    prefetch_line(buf.as_ptr().wrapping_add(off));
-                }
-            }
         }
     }
 }

@@ -11,11 +11,13 @@
 use arrayvec::ArrayVec;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+use vm_memory::bitmap::{BitmapSlice, MS};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, VolatileSlice};
 
 use super::direct_copy::copy_from_guest;
 use super::split_ring::{
-    walk_one, ChainError, GuestBuffers, RingError, SplitRing, HEADS_AT_ONCE, MAX_FRAME_DESCS,
+    prefetch_start, walk_one, ChainError, GuestBuffers, RingError, SplitRing, HEADS_AT_ONCE, MAX_FRAME_DESCS,
+    PREFETCH_BYTES,
 };
 use super::used_batch::{put_unwritten, USED_BATCH};
 
@@ -211,20 +213,26 @@ pub fn take_tx_batch<M: GuestMemory>(
     let first = q.next_avail();
     let avail = ring.avail_idx(first)?;
     let heads = ring.heads(first, usize::from(avail.wrapping_sub(first)).min(limits.chains))?;
-    ring.prefetch(&heads);
+    // Each head's descriptor is read once, here, for the lane and the prefetch both: their
+    // lines were asked for together first, so the reads wait for them together.
+    ring.prefetch_descriptors(&heads);
+    let mut lanes = ArrayVec::<_, TX_BATCH>::new();
+    for &h in &heads {
+        lanes.push(look(ring, h, hdr_len, limits.frame_max));
+    }
     let (mut pos, mut start, mut walked) = (first, 0usize, 0usize);
-    for &chain in &heads {
+    for (&chain, lane) in heads.iter().zip(&lanes) {
         if walked >= limits.walk || buf.len() - start < limits.frame_max {
             break;
         }
         pos = pos.wrapping_add(1);
         let room = &mut buf[start..start + limits.frame_max];
-        let (result, steps, rest) = match limits
-            .one_desc
-            .then(|| copy_one_desc(ring, chain, hdr_len, copy_limit, room))
-        {
-            Some(Some((len, rest))) => (Ok(len), 1, rest),
-            _ => {
+        let (result, steps, rest) = match lane.as_ref().filter(|_| limits.one_desc) {
+            Some(lane) => {
+                let (len, rest) = copy_one_desc(lane, copy_limit, room);
+                (Ok(len), 1, rest)
+            }
+            None => {
                 let mut steps = 0;
                 let result = copy_chain(ring.chain(chain), ring.buffers(), hdr_len, room, &mut steps);
                 (result, steps, None)
@@ -254,42 +262,64 @@ pub fn return_tx_chains<M: GuestMemory>(q: &Queue, ring: &SplitRing<'_, M>) -> R
     ring.publish_used(q.next_used())
 }
 
-/// The usual chain, copied without the general walk: one driver-readable descriptor (no
-/// NEXT, no INDIRECT, not device-writable) holding the header and a frame that fit in `buf`,
-/// in one memory region. Returns the chain's length, and, for a chain longer than
-/// `copy_limit` bytes, of which only the first `copy_limit` are copied, the [`Rest`] that
-/// says where the others are. The result is the one [`copy_chain`] gives for it
-/// (tests/ring.rs checks the two on random rings, the rest copied); `None`, having read
-/// only, for anything else.
+/// The usual chain, found when its batch is taken: one driver-readable descriptor (no
+/// NEXT, no INDIRECT, not device-writable) holding the header and a frame of at most
+/// `frame_max` bytes, in one memory region. It is copied without the general walk
+/// ([`copy_one_desc`]), from what was read here: its descriptor is read once.
+struct Lane<'m, B> {
+    at: GuestAddress,
+    bytes: VolatileSlice<'m, B>,
+}
+
+/// Chain `head`'s [`Lane`], when it takes one; either way the first bytes of its first
+/// buffer are asked for ([`prefetch_start`]), as its copy will read them next.
 #[inline(always)]
-fn copy_one_desc<M: GuestMemory>(
-    ring: &SplitRing<'_, M>,
-    chain: u16,
+fn look<'m, M: GuestMemory>(
+    ring: &SplitRing<'m, M>,
+    head: u16,
     hdr_len: usize,
-    copy_limit: usize,
-    buf: &mut [u8],
-) -> Option<(usize, Option<Rest>)> {
-    let d = ring.descriptor(chain)?;
+    frame_max: usize,
+) -> Option<Lane<'m, MS<'m, M::PhysicalMemory>>> {
+    let d = ring.descriptor(head)?;
+    if d.refers_to_indirect_table() {
+        return None;
+    }
     let len = d.len() as usize;
-    if d.has_next() || d.refers_to_indirect_table() || d.is_write_only() || len > buf.len() || len < hdr_len {
+    if d.has_next() || d.is_write_only() || len > frame_max || len < hdr_len {
+        if let Some(first) = ring.buffers().slice(d.addr(), len.min(PREFETCH_BYTES)) {
+            prefetch_start(&first);
+        }
         return None;
     }
     // The whole chain is checked to lie in one region, its rest included.
     let bytes = ring.buffers().slice(d.addr(), len)?;
+    prefetch_start(&bytes);
+    Some(Lane { at: d.addr(), bytes })
+}
+
+/// Copies `lane`'s chain into `buf` (which holds `frame_max` bytes): the chain's length,
+/// and, for a chain longer than `copy_limit` bytes, of which only the first `copy_limit`
+/// are copied, the [`Rest`] that says where the others are. The result is the one
+/// [`copy_chain`] gives for it (tests/ring.rs checks the two on random rings, the rest
+/// copied).
+#[inline(always)]
+fn copy_one_desc<B: BitmapSlice>(
+    lane: &Lane<'_, B>,
+    copy_limit: usize,
+    buf: &mut [u8],
+) -> (usize, Option<Rest>) {
+    let len = lane.bytes.len();
     let copied = len.min(copy_limit);
-    let rest = if len > copied {
-        let at = d.addr().checked_add(copied as u64)?;
-        // `copied` is less than `len`, a descriptor's 32-bit length.
-        Some(Rest {
-            copied: copied as u32,
-            at,
-        })
-    } else {
-        None
-    };
+    // `copied` is less than `len`, a descriptor's 32-bit length, and the rest lies in the
+    // region the whole chain was found in.
+    let rest = (len > copied).then(|| Rest {
+        copied: copied as u32,
+        at: lane.at.unchecked_add(copied as u64),
+    });
     // As many bytes as the shorter of the two holds.
-    copy_from_guest(&bytes, &mut buf[..copied]);
-    Some((len, rest))
+    let n = copied.min(buf.len());
+    copy_from_guest(&lane.bytes, &mut buf[..n]);
+    (len, rest)
 }
 
 /// Copies one TX chain into `buf` (header first): its length, `walked` counting the
