@@ -5,8 +5,8 @@
 //! - `split_ring`: the guest's rings, found in host memory once per burst;
 //! - `tx_chain` and `tx`: a queue pair's worker copies a batch of TX chains out and hands
 //!   the frames to the switch (pipeline/switch.rs), whose outbox writes them out;
-//! - `rx` and `rx_chain`: a receiving port admits a frame (its filter) and writes it into
-//!   its guest's buffers, a run per queue, one interrupt check per run;
+//! - `rx`, `rx_chain` and `rx_header`: a receiving port admits a frame (its filter) and
+//!   writes it into its guest's buffers, a run per queue, one interrupt check per run;
 //! - `ctrl_queue`: the control queue (device attachment); `config_change`: the config
 //!   space's link and announce bits, and the message that tells the frontend;
 //! - `guest_port`: what a port keeps while frontends come and go; `connection` serves them
@@ -28,6 +28,7 @@ pub mod policy;
 pub mod relay;
 mod rx;
 pub mod rx_chain;
+mod rx_header;
 mod session;
 pub mod sigbus;
 pub mod split_ring;

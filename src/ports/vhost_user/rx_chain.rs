@@ -13,10 +13,11 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Vol
 
 use super::avail_heads::AvailHeads;
 use super::direct_copy::copy_to_guest;
+use super::rx_header::{plain_header, update_guest, update_header, PLAIN, PLAIN_DATA_VALID};
 use super::split_ring::{walk_one, ChainError, GuestBuffers, RingError, SplitRing, MAX_FRAME_DESCS};
 use super::used_batch::UsedBatch;
 use crate::pipeline::BurstFrame;
-use crate::wire::virtio_net_hdr::{VirtioNetHdr, HDR_LEN, HDR_LEN_HASH, HDR_LEN_LEGACY};
+use crate::wire::virtio_net_hdr::{VirtioNetHdr, F_DATA_VALID, HDR_LEN_HASH};
 
 /// Most buffers one received frame may be spread over with MRG_RXBUF. A guest posting
 /// smaller buffers than this allows loses the frame (counted as dropped).
@@ -53,8 +54,6 @@ pub struct RxRun {
     first_used: Option<u16>,
     /// Whether a frame may take the one-descriptor lane ([`RxRun::push_one_desc`]).
     one_desc: bool,
-    /// The header [`RxRun::push_plain`] writes (all fields 0, one buffer), built once.
-    plain: [u8; HDR_LEN_HASH],
     /// The chains of the frame being written, kept here rather than on the stack of each
     /// push: they hold room for the worst case, and are never zeroed.
     chains: RxChains,
@@ -76,11 +75,6 @@ impl RxRun {
             avail: None,
             first_used: None,
             one_desc: true,
-            plain: VirtioNetHdr {
-                num_buffers: 1,
-                ..VirtioNetHdr::default()
-            }
-            .to_bytes(),
             chains: RxChains::new(),
             used: UsedBatch::default(),
             heads: AvailHeads::default(),
@@ -126,13 +120,13 @@ impl RxRun {
             num_buffers: 1,
             ..*hdr
         };
-        self.push_with(q, ring, &one.to_bytes(), hdr, frame)
+        self.push_with(q, ring, &one.to_bytes(), || *hdr, frame)
     }
 
     /// [`RxRun::push`] for a frame whose header has no field set but `flags` (DATA_VALID
-    /// from a checksum action, or none), its one-buffer header built once per run. A rest
-    /// still in the sender's buffer ([`BurstFrame::rest`]) goes from there straight into
-    /// the lane's buffer; the general walk takes the frame whole ([`BurstFrame::bytes`]).
+    /// from a checksum action, or none). A rest still in the sender's buffer
+    /// ([`BurstFrame::rest`]) goes from there straight into the lane's buffer; the general
+    /// walk takes the frame whole ([`BurstFrame::bytes`]).
     pub fn push_plain<M: GuestMemory>(
         &mut self,
         q: &mut Queue,
@@ -140,37 +134,50 @@ impl RxRun {
         frame: &mut BurstFrame<'_>,
         flags: u8,
     ) -> Result<u16, RxError> {
-        let mut one = self.plain;
-        one[0] = flags; // the header's first byte (virtio 1.2, 5.1.6)
-        let hdr = VirtioNetHdr {
+        // The two usual headers are constants, compared with the buffer's as they are. A
+        // header built per frame (a copy, then its flags byte stored) made the compare's
+        // wider load span two stores, so it waited for them to reach the cache, behind
+        // every store before them: at 1500 B, the last frame's copy into RX lines still
+        // on their way from the frontend's CPU (docs/performance.md).
+        let other;
+        let one = match flags {
+            0 => &PLAIN,
+            F_DATA_VALID => &PLAIN_DATA_VALID,
+            _ => {
+                other = plain_header(flags);
+                &other
+            }
+        };
+        let hdr = || VirtioNetHdr {
             flags,
             ..VirtioNetHdr::default()
         };
         let Some(rest) = frame.rest() else {
-            return self.push_with(q, ring, &one, &hdr, frame.head());
+            return self.push_with(q, ring, one, hdr, frame.head());
         };
         self.first_used.get_or_insert(q.next_used());
-        if self.one_desc && self.push_one_desc(q, ring, &one, frame.head(), rest)? {
+        if self.one_desc && self.push_one_desc(q, ring, one, frame.head(), rest)? {
             return Ok(1);
         }
-        self.push_walked(q, ring, &hdr, frame.bytes())
+        self.push_walked(q, ring, &hdr(), frame.bytes())
     }
 
-    /// [`RxRun::push`], `one` being the header's bytes for a frame in one buffer.
+    /// [`RxRun::push`], `one` being the header's bytes for a frame in one buffer and `hdr`
+    /// making its header for the general walk, only if the frame takes it.
     #[inline(always)]
     fn push_with<M: GuestMemory>(
         &mut self,
         q: &mut Queue,
         ring: &SplitRing<'_, M>,
         one: &[u8; HDR_LEN_HASH],
-        hdr: &VirtioNetHdr,
+        hdr: impl FnOnce() -> VirtioNetHdr,
         frame: &[u8],
     ) -> Result<u16, RxError> {
         self.first_used.get_or_insert(q.next_used());
         if self.one_desc && self.push_one_desc(q, ring, one, frame, ())? {
             return Ok(1);
         }
-        self.push_walked(q, ring, hdr, frame)
+        self.push_walked(q, ring, &hdr(), frame)
     }
 
     /// The general walk: [`RxRun::push`] for a frame the lane did not take.
@@ -545,54 +552,4 @@ fn write_guest<M: GuestMemory>(
         return Ok(());
     }
     mem.mem().write_slice(src, at)
-}
-
-/// Writes `src` into guest memory at `at` unless the bytes there are `src` already. For the
-/// virtio-net header of a received frame: a buffer the driver posts again often still
-/// holds the header of its last frame, the same one (no offloads, one buffer; DPDK's
-/// virtio-user always places it there, a Linux guest's page fragments may not), and a line
-/// only read stays shared with the driver's CPU where a store would take it over and make
-/// the driver fetch it back. DPDK's vhost library writes the header's fields the same way
-/// (`ASSIGN_UNLESS_EQUAL`, lib/vhost/virtio_net.c). Header-sized ranges only; a longer
-/// one, or one across regions, is written as [`write_guest`] writes.
-fn update_guest<M: GuestMemory>(
-    mem: &GuestBuffers<'_, M>,
-    src: &[u8],
-    at: GuestAddress,
-) -> Result<(), GuestMemoryError> {
-    match mem.slice(at, src.len()) {
-        Some(s) => {
-            update_header(&s, src);
-            Ok(())
-        }
-        None => mem.mem().write_slice(src, at),
-    }
-}
-
-/// Stores `src` at the start of `s` (at least as long) unless those bytes hold it already
-/// ([`update_guest`] says why; docs/performance.md has what storing it always costs).
-#[inline(always)]
-fn update_header<B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
-    // The three header sizes (virtio 1.2, 5.1.6), each compared at its own fixed size: a
-    // compare the compiler inlines, with no memcmp or memset call per frame.
-    match src.len() {
-        HDR_LEN_LEGACY => update_fixed::<HDR_LEN_LEGACY, B>(s, src),
-        HDR_LEN => update_fixed::<HDR_LEN, B>(s, src),
-        HDR_LEN_HASH => update_fixed::<HDR_LEN_HASH, B>(s, src),
-        _ => s.copy_from(src),
-    }
-}
-
-/// [`update_header`] for a header of `N` bytes.
-#[inline(always)]
-fn update_fixed<const N: usize, B: BitmapSlice>(s: &VolatileSlice<'_, B>, src: &[u8]) {
-    let Ok(want) = <&[u8; N]>::try_from(src) else {
-        s.copy_from(src);
-        return;
-    };
-    let mut now = [0u8; N];
-    s.copy_to(&mut now);
-    if &now != want {
-        s.copy_from(src);
-    }
 }
