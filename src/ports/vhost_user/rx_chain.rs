@@ -134,11 +134,11 @@ impl RxRun {
         frame: &mut BurstFrame<'_>,
         flags: u8,
     ) -> Result<u16, RxError> {
-        // The two usual headers are constants, compared with the buffer's as they are. A
-        // header built per frame (a copy, then its flags byte stored) made the compare's
-        // wider load span two stores, so it waited for them to reach the cache, behind
-        // every store before them: at 1500 B, the last frame's copy into RX lines still
-        // on their way from the frontend's CPU (docs/performance.md).
+        // The two usual headers are constants, compared with the buffer's as they are.
+        // Built per frame (a copy, then its flags byte stored), a header would make the
+        // compare's wider load span two stores and wait for them to reach the cache,
+        // behind every store before them: at 1500 B, the last frame's copy into RX lines
+        // still on their way from the frontend's CPU (docs/performance.md).
         let other;
         let one = match flags {
             0 => &PLAIN,
