@@ -16,7 +16,7 @@ use super::avail_watch::AvailWatch;
 use super::budget::{Burst, Mode, POLL_WATCH_WINDOWS, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
-use super::tx_chain::{return_tx_chains, take_tx_batch, BatchLimits, TxBatch, TxSlot};
+use super::tx_chain::{return_tx_chains, BatchLimits, TakenChain, TxTake};
 use crate::device::features::Negotiated;
 use crate::logging::error_chain;
 use crate::pipeline::fdb::FdbCache;
@@ -52,7 +52,6 @@ const HEAD: usize = 128;
 #[derive(Default)]
 pub(super) struct TxWorker {
     arena: Vec<u8>,
-    batch: TxBatch,
     routes: RouteCache,
     fdb: FdbCache,
     originated: Vec<u8>,
@@ -219,7 +218,6 @@ impl TxWorker {
     ) -> Result<usize, RingError> {
         let TxWorker {
             arena,
-            batch,
             routes,
             fdb,
             originated,
@@ -245,29 +243,25 @@ impl TxWorker {
         let (mut popped, mut ended) = (0, Ok(()));
         while !spent.exhausted() && popped < OUTBOX_FRAMES && arena.len() >= TX_BUF {
             let limits = spent.next_batch(popped, mode);
-            ended = take_tx_batch(q, &ring, hdr_len, copy_limit, arena.room(), limits, batch);
-            if ended.is_err() || batch.is_empty() {
-                break;
-            }
-            popped += batch.len();
+            let mut take = match TxTake::start(q, &ring, hdr_len, copy_limit, limits) {
+                Ok(take) if !take.is_empty() => take,
+                end => {
+                    ended = end.map(drop);
+                    break;
+                }
+            };
             // One snapshot of the switch's rules per batch (`Switch::forward`).
             let rules = tx.switch.rules().load();
             if let Some(before) = last_rules.take().filter(|r| !Arc::ptr_eq(r, &rules)) {
                 run.write(tx.switch, &before, &from, &mut out);
             }
             let plain = burst && !rules.capturing(); // a capture's hooks: general path only
-            let (mut taken, mut sent) = (0, (0, 0)); // arena bytes; burst path (frames, bytes)
-            for slot in batch.slots() {
+            let mut sent = (0, 0); // the burst path's (frames, bytes)
+            while let Some(chain) = take.next(arena.room()) {
+                popped += 1;
                 spent.chains += 1;
-                spent.walked += usize::from(slot.walked);
-                let Ok(n) = batch
-                    .result(slot)
-                    .inspect_err(|e| chain_refused(tx, stats, slot.head, e))
-                else {
-                    continue;
-                };
-                let Some((hdr, frame)) = take_chain(stats, &ring, &mut arena, slot, n, hdr_len, &mut taken)
-                else {
+                spent.walked += chain.walked;
+                let Some((hdr, frame)) = take_chain(tx, stats, &ring, &mut arena, chain, hdr_len) else {
                     continue;
                 };
                 let frame = if plain {
@@ -288,6 +282,10 @@ impl TxWorker {
             }
             count_sent(stats, sent);
             last_rules = Some(rules);
+            ended = take.finish(q);
+            if ended.is_err() {
+                break;
+            }
         }
         if let Some(rules) = last_rules {
             run.write(tx.switch, &rules, &from, &mut out);
@@ -298,28 +296,33 @@ impl TxWorker {
     }
 }
 
-/// The next chain of a batch, `n` bytes long, `taken` bytes of the batch already taken
-/// from the arena: its virtio-net header and its frame.
+/// A chain [`TxTake::next`] copied to the start of the arena's room: its virtio-net header
+/// and its frame, split off the arena. `None` for a chain refused (counted, and warned of
+/// at a bounded rate) or one that no longer fits.
 fn take_chain<'a>(
+    tx: &TxQueue<'_>,
     stats: &QueueStats,
     ring: &SplitRing<'a, GuestMemoryMmap>,
     arena: &mut Arena<'a>,
-    slot: &TxSlot,
-    n: usize,
+    taken: TakenChain,
     hdr_len: usize,
-    taken: &mut usize,
 ) -> Option<(&'a [u8], BurstFrame<'a>)> {
-    // The batch's chains lie back to back from the start of the room.
-    let Some(chain) = (slot.start as usize == *taken).then(|| arena.take(n)).flatten() else {
+    let n = match taken.result {
+        Ok(n) => n,
+        Err(e) => {
+            chain_refused(tx, stats, taken.head, &e);
+            return None;
+        }
+    };
+    let Some(chain) = arena.take(n) else {
         stats.tx_errors.inc();
         return None;
     };
-    *taken += n;
     let (hdr, frame) = chain.split_at_mut(hdr_len.min(n));
-    let frame = match slot.rest {
+    let frame = match taken.rest {
         None => Some(BurstFrame::new(frame)),
-        // `take_tx_batch` found the whole chain in one region through the ring's buffers:
-        // this finds the same, in the region they looked at last.
+        // `TxTake` found the whole chain in one region through the ring's buffers: this
+        // finds the same, in the region they looked at last.
         Some(r) => ring
             .buffers()
             .slice(r.at, n.saturating_sub(r.copied as usize))

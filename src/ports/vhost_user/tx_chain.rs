@@ -187,13 +187,13 @@ pub fn pop_tx_batch<M: GuestMemory>(
 
 /// [`pop_tx_batch`] on `q`'s rings `ring`, without returning the chains, which stay the
 /// device's: their used entries are written but the used index is not, so the driver does
-/// not see them yet. A
-/// one-descriptor chain longer than `copy_limit` bytes (virtio-net header included) has
-/// only its first `copy_limit` bytes copied, its room in `buf` left for the rest, and
-/// where the rest lies in [`TxSlot::rest`], for the caller to copy straight to where the
-/// frame goes. The caller returns the chains with [`return_tx_chains`] once nothing reads
-/// them any more (several batches' together), holding the ring's lock until then, so the
-/// frontend cannot take the ring back meanwhile.
+/// not see them yet. A one-descriptor chain longer than `copy_limit` bytes (virtio-net
+/// header included) has only its first `copy_limit` bytes copied, its room in `buf` left
+/// for the rest, and where the rest lies in [`TxSlot::rest`], for the caller to copy
+/// straight to where the frame goes. The caller returns the chains with
+/// [`return_tx_chains`] once nothing reads them any more (several batches' together),
+/// holding the ring's lock until then, so the frontend cannot take the ring back meanwhile.
+/// Its slots are what [`TxTake::next`] gives the worker, chain by chain, kept in order.
 pub fn take_tx_batch<M: GuestMemory>(
     q: &mut Queue,
     ring: &SplitRing<'_, M>,
@@ -204,60 +204,141 @@ pub fn take_tx_batch<M: GuestMemory>(
     out: &mut TxBatch,
 ) -> Result<(), RingError> {
     out.clear();
-    if limits.quiet {
-        ring.quiet_driver(q.event_idx_enabled())?;
-    }
     // Offsets in the buffer are kept in 32 bits (`TxSlot`).
     let buf_len = buf.len().min(u32::MAX as usize);
     let buf = &mut buf[..buf_len];
-    let first = q.next_avail();
-    let avail = ring.avail_idx(first)?;
-    let heads = ring.heads(first, usize::from(avail.wrapping_sub(first)).min(limits.chains))?;
-    // Each head's descriptor is read once, here, for the lane and the prefetch both: their
-    // lines were asked for together first, so the reads wait for them together.
-    ring.prefetch_descriptors(&heads);
-    let mut lanes = ArrayVec::<_, TX_BATCH>::new();
-    for &h in &heads {
-        lanes.push(look(ring, h, hdr_len, limits.frame_max));
+    let mut take = TxTake::start(q, ring, hdr_len, copy_limit, limits)?;
+    let mut start = 0;
+    while let Some(chain) = take.next(&mut buf[start..]) {
+        // Within `buf`, so within 32 bits; at most MAX_FRAME_DESCS + 1 steps.
+        let at = start as u32;
+        let result = chain.result.map(|n| {
+            start += n;
+            n as u32
+        });
+        out.push(chain.head, at, chain.walked as u16, result, chain.rest);
     }
-    let (mut pos, mut start, mut walked) = (first, 0usize, 0usize);
-    for (&chain, lane) in heads.iter().zip(&lanes) {
-        if walked >= limits.walk || buf.len() - start < limits.frame_max {
-            break;
+    take.finish(q)
+}
+
+/// One chain of a batch as [`TxTake::next`] copied it out.
+#[derive(Debug)]
+pub struct TakenChain {
+    pub head: u16,
+    /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
+    pub walked: usize,
+    /// The chain's bytes (virtio-net header included), all copied unless it has a
+    /// [`Rest`]; or why the chain was refused.
+    pub result: Result<usize, ChainError>,
+    pub rest: Option<Rest>,
+}
+
+/// A batch being taken: one read of the avail index, the chains' descriptors and first
+/// bytes asked for together, then each chain copied out when its caller asks for it
+/// ([`TxTake::next`]), into the room the caller gives, and decided on before the next is
+/// copied: nothing about a chain is kept in between but what `next` returns. The chains
+/// are used (length 0) at [`TxTake::finish`], which the caller must reach.
+pub struct TxTake<'r, 'm, M: GuestMemory> {
+    ring: &'r SplitRing<'m, M>,
+    hdr_len: usize,
+    copy_limit: usize,
+    limits: BatchLimits,
+    first: u16,
+    heads: ArrayVec<u16, TX_BATCH>,
+    lanes: ArrayVec<Option<Lane<'m, MS<'m, M::PhysicalMemory>>>, TX_BATCH>,
+    /// Chains taken so far, from `first` on.
+    taken: usize,
+    walked: usize,
+}
+
+impl<'r, 'm, M: GuestMemory> TxTake<'r, 'm, M> {
+    /// Up to `limits.chains` of the chains the driver has made available, as
+    /// [`take_tx_batch`] takes them.
+    pub fn start(
+        q: &Queue,
+        ring: &'r SplitRing<'m, M>,
+        hdr_len: usize,
+        copy_limit: usize,
+        limits: BatchLimits,
+    ) -> Result<Self, RingError> {
+        if limits.quiet {
+            ring.quiet_driver(q.event_idx_enabled())?;
         }
-        pos = pos.wrapping_add(1);
-        let room = &mut buf[start..start + limits.frame_max];
-        let (result, steps, rest) = match lane.as_ref().filter(|_| limits.one_desc) {
+        let first = q.next_avail();
+        let avail = ring.avail_idx(first)?;
+        let heads = ring.heads(first, usize::from(avail.wrapping_sub(first)).min(limits.chains))?;
+        // Each head's descriptor is read once, here, for the lane and the prefetch both:
+        // their lines were asked for together first, so the reads wait for them together.
+        ring.prefetch_descriptors(&heads);
+        let lanes = heads
+            .iter()
+            .map(|&h| look(ring, h, hdr_len, limits.frame_max))
+            .collect();
+        Ok(TxTake {
+            ring,
+            hdr_len,
+            copy_limit,
+            limits,
+            first,
+            heads,
+            lanes,
+            taken: 0,
+            walked: 0,
+        })
+    }
+
+    /// Whether the driver had no chain for this batch.
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    /// The next chain, copied to the start of `room`; `None` once the batch's chains are
+    /// all taken, `limits.walk` descriptors have been walked, or `room` holds less than
+    /// `limits.frame_max` bytes. A refused chain takes no room.
+    #[inline(always)]
+    pub fn next(&mut self, room: &mut [u8]) -> Option<TakenChain> {
+        let (&head, lane) = self.heads.get(self.taken).zip(self.lanes.get(self.taken))?;
+        let frame_max = self.limits.frame_max;
+        if self.walked >= self.limits.walk || room.len() < frame_max {
+            return None;
+        }
+        self.taken += 1;
+        let room = &mut room[..frame_max];
+        let (result, walked, rest) = match lane.as_ref().filter(|_| self.limits.one_desc) {
             Some(lane) => {
-                let (len, rest) = copy_one_desc(lane, copy_limit, room);
+                let (len, rest) = copy_one_desc(lane, self.copy_limit, room);
                 (Ok(len), 1, rest)
             }
             None => {
                 let mut steps = 0;
-                let result = copy_chain(ring.chain(chain), ring.buffers(), hdr_len, room, &mut steps);
+                let chain = self.ring.chain(head);
+                let result = copy_chain(chain, self.ring.buffers(), self.hdr_len, room, &mut steps);
                 (result, steps, None)
             }
         };
-        walked += steps;
-        // Within `buf`, so within 32 bits; at most MAX_FRAME_DESCS + 1 steps.
-        let at = start as u32;
-        let result = result.map(|n| {
-            start += n;
-            n as u32
-        });
-        out.push(chain, at, steps as u16, result, rest);
+        self.walked += walked;
+        Some(TakenChain {
+            head,
+            walked,
+            result,
+            rest,
+        })
     }
-    q.set_next_avail(pos);
-    // Every chain is used with length 0 (nothing written); the driver is told at
-    // `return_tx_chains`.
-    let used = q.next_used();
-    put_unwritten(ring, used, out.slots.iter().map(|s| s.head))?;
-    q.set_next_used(used.wrapping_add(out.len() as u16));
-    Ok(())
+
+    /// Every chain taken is used with length 0 (nothing written); the driver is told at
+    /// [`return_tx_chains`].
+    pub fn finish(self, q: &mut Queue) -> Result<(), RingError> {
+        let taken = &self.heads[..self.taken];
+        q.set_next_avail(self.first.wrapping_add(taken.len() as u16));
+        let used = q.next_used();
+        put_unwritten(self.ring, used, taken.iter().copied())?;
+        q.set_next_used(used.wrapping_add(taken.len() as u16));
+        Ok(())
+    }
 }
 
-/// Returns the chains [`take_tx_batch`] took since the last call: one store of the used
-/// index (a release store, after their entries) tells the driver.
+/// Returns the chains taken ([`TxTake`], [`take_tx_batch`]) since the last call: one store
+/// of the used index (a release store, after their entries) tells the driver.
 pub fn return_tx_chains<M: GuestMemory>(q: &Queue, ring: &SplitRing<'_, M>) -> Result<(), RingError> {
     ring.publish_used(q.next_used())
 }
