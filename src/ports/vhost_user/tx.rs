@@ -16,7 +16,7 @@ use super::avail_watch::AvailWatch;
 use super::budget::{Burst, Mode, POLL_WATCH_WINDOWS, TX_BUDGET, TX_POLL_FROM, TX_WALK_BUDGET};
 use super::guest_port::GuestPort;
 use super::split_ring::{wants_interrupt_after, ChainError, Mem, RingError, SplitRing, Vring};
-use super::tx_chain::{return_tx_chains, BatchLimits, TakenChain, TxTake};
+use super::tx_chain::{return_tx_chains, BatchLimits, TxChain, TxTake};
 use crate::device::features::Negotiated;
 use crate::logging::error_chain;
 use crate::pipeline::fdb::FdbCache;
@@ -304,7 +304,7 @@ fn take_chain<'a>(
     stats: &QueueStats,
     ring: &SplitRing<'a, GuestMemoryMmap>,
     arena: &mut Arena<'a>,
-    taken: TakenChain,
+    taken: TxChain,
     hdr_len: usize,
 ) -> Option<(&'a [u8], BurstFrame<'a>)> {
     let n = match taken.result {

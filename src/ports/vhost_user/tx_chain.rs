@@ -29,19 +29,21 @@ const _: () = assert!(
     "a TX batch's used elements go in one copy"
 );
 
-/// One transmitted chain, copied out, as [`TxBatch::pop`] hands it over.
+/// One transmitted chain, copied out, as [`TxTake::next`] and [`TxBatch::pop`] hand it over.
 #[derive(Debug)]
 pub struct TxChain {
     pub head: u16,
-    /// The chain's bytes (virtio-net header included), or why the chain was refused.
+    /// The chain's bytes (virtio-net header included), all copied unless it has a
+    /// [`Rest`]; or why the chain was refused.
     pub result: Result<usize, ChainError>,
     /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
     pub walked: usize,
+    pub rest: Option<Rest>,
 }
 
-/// One TX chain of a batch. Every frame's slot is written by the ring walk and read back by
-/// the worker, so it is kept small (40 bytes): offsets in 32 bits, and a refused chain's
-/// error apart, in the batch.
+/// One TX chain of a batch [`take_tx_batch`] took: a [`TxChain`] with where its bytes
+/// start in the batch's buffer, in 40 bytes (offsets in 32 bits, a refused chain's error
+/// apart, in the batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxSlot {
     /// Where the chain's bytes start in the buffer the batch was copied into.
@@ -110,6 +112,7 @@ impl TxBatch {
             head: s.head,
             result,
             walked: usize::from(s.walked),
+            rest: s.rest,
         })
     }
 
@@ -221,18 +224,6 @@ pub fn take_tx_batch<M: GuestMemory>(
     take.finish(q)
 }
 
-/// One chain of a batch as [`TxTake::next`] copied it out.
-#[derive(Debug)]
-pub struct TakenChain {
-    pub head: u16,
-    /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
-    pub walked: usize,
-    /// The chain's bytes (virtio-net header included), all copied unless it has a
-    /// [`Rest`]; or why the chain was refused.
-    pub result: Result<usize, ChainError>,
-    pub rest: Option<Rest>,
-}
-
 /// A batch being taken: one read of the avail index, the chains' descriptors and first
 /// bytes asked for together, then each chain copied out when its caller asks for it
 /// ([`TxTake::next`]), into the room the caller gives, and decided on before the next is
@@ -296,7 +287,7 @@ impl<'r, 'm, M: GuestMemory> TxTake<'r, 'm, M> {
     /// all taken, `limits.walk` descriptors have been walked, or `room` holds less than
     /// `limits.frame_max` bytes. A refused chain takes no room.
     #[inline(always)]
-    pub fn next(&mut self, room: &mut [u8]) -> Option<TakenChain> {
+    pub fn next(&mut self, room: &mut [u8]) -> Option<TxChain> {
         let (&head, lane) = self.heads.get(self.taken).zip(self.lanes.get(self.taken))?;
         let frame_max = self.limits.frame_max;
         if self.walked >= self.limits.walk || room.len() < frame_max {
@@ -317,7 +308,7 @@ impl<'r, 'm, M: GuestMemory> TxTake<'r, 'm, M> {
             }
         };
         self.walked += walked;
-        Some(TakenChain {
+        Some(TxChain {
             head,
             walked,
             result,
