@@ -100,7 +100,7 @@ fn bench_queues(c: &mut Criterion) {
                         break;
                     }
                     for s in batch.slots() {
-                        black_box(batch.result(s).unwrap());
+                        black_box(s.chain.result.as_ref().unwrap());
                     }
                 },
                 BatchSize::LargeInput,

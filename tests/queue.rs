@@ -700,11 +700,11 @@ fn tx_batch_matches_chain_by_chain() {
     let mut batch = TxBatch::default();
     pop_tx_batch(&mut q, &m, HDR, &mut buf, limits(frame_max), &mut batch).unwrap();
     assert_eq!(batch.len(), 6);
-    let heads: Vec<u16> = batch.slots().iter().map(|s| s.head).collect();
+    let heads: Vec<u16> = batch.slots().iter().map(|s| s.chain.head).collect();
     assert_eq!(heads, [0, 2, 5, 6, 7, 8]);
-    let result = |i: usize| batch.result(&batch.slots()[i]);
+    let result = |i: usize| batch.slots()[i].chain.result.as_ref();
     let at = |i: usize| {
-        let start = batch.slots()[i].start as usize;
+        let start = batch.slots()[i].start;
         &buf[start + HDR..start + result(i).unwrap()]
     };
     assert_eq!(at(0), &f1[..]);
@@ -713,7 +713,7 @@ fn tx_batch_matches_chain_by_chain() {
     assert!(matches!(result(3), Err(ChainError::TooShort(4))));
     assert!(matches!(result(4), Err(ChainError::Broken)));
     assert_eq!(at(5), &f1[..]);
-    assert_eq!(batch.slots()[1].start as usize, HDR + 60, "back to back");
+    assert_eq!(batch.slots()[1].start, HDR + 60, "back to back");
     assert_eq!(used_idx(&vq), 6, "every chain returned, refused ones too");
     for (i, h) in heads.iter().enumerate() {
         assert_eq!(used(&vq, i), (u32::from(*h), 0));
@@ -724,8 +724,8 @@ fn tx_batch_matches_chain_by_chain() {
     let mut arena = Arena::new(&mut buf);
     let mut taken = 0;
     for s in batch.slots() {
-        if let Ok(n) = batch.result(s) {
-            let start = s.start as usize;
+        if let Ok(n) = s.chain.result {
+            let start = s.start;
             assert_eq!(start, taken);
             let slot = arena.take(n).unwrap();
             assert_eq!(&slot[..], &copy[start..start + n]);

@@ -477,14 +477,14 @@ proptest! {
                 break;
             }
             for (x, y) in s1.slots().iter().zip(s2.slots()) {
-                let (rx, ry) = (s1.result(x), s2.result(y));
+                let (cx, cy) = (&x.chain, &y.chain);
                 prop_assert_eq!(
-                    (x.start, x.head, x.walked, format!("{rx:?}")),
-                    (y.start, y.head, y.walked, format!("{ry:?}"))
+                    (x.start, cx.head, cx.walked, format!("{:?}", cx.result)),
+                    (y.start, cy.head, cy.walked, format!("{:?}", cy.result))
                 );
-                let Ok(n) = rx else { continue };
-                let start = x.start as usize;
-                if let Some(r) = x.rest {
+                let Ok(n) = cx.result else { continue };
+                let start = x.start;
+                if let Some(r) = cx.rest {
                     let copied = r.copied as usize;
                     prop_assert!(copied == copy_limit && n > copy_limit);
                     m1.read_slice(&mut b1[start + copied..start + n], r.at).unwrap();
@@ -492,9 +492,9 @@ proptest! {
                     // Copied whole past the limit: only a chain the lane does not take, one
                     // of several descriptors or whose one descriptor is not plain (an
                     // indirect table of one is walked as one descriptor).
-                    let flags = l.table.get(usize::from(x.head)).map_or(0, |d| d.2);
+                    let flags = l.table.get(usize::from(cx.head)).map_or(0, |d| d.2);
                     prop_assert!(
-                        n <= copy_limit || x.walked > 1 || flags != 0,
+                        n <= copy_limit || cx.walked > 1 || flags != 0,
                         "a one-descriptor chain copied past the limit"
                     );
                 }

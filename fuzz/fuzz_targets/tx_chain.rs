@@ -157,9 +157,10 @@ fuzz_target!(|data: &[u8]| {
         let rules = sw.rules().load();
         let mut taken = 0;
         for s in batch.slots() {
-            assert!(usize::from(s.walked) <= MAX_FRAME_DESCS + 1, "walked {}", s.walked);
-            let Ok(n) = batch.result(s) else { continue };
-            assert_eq!(s.start as usize, taken, "chains lie back to back");
+            let walked = s.chain.walked;
+            assert!(walked <= MAX_FRAME_DESCS + 1, "walked {walked}");
+            let Ok(n) = s.chain.result else { continue };
+            assert_eq!(s.start, taken, "chains lie back to back");
             taken += n;
             let chain = arena.take(n).expect("a chain within the arena");
             let Ok(hdr) = VirtioNetHdr::parse(chain, 12) else {

@@ -38,29 +38,18 @@ pub struct TxChain {
     pub result: Result<usize, ChainError>,
     /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
     pub walked: usize,
+    /// For a chain copied only in part (its room in the buffer left for the rest), where
+    /// the rest still lies in guest memory.
     pub rest: Option<Rest>,
 }
 
-/// One TX chain of a batch [`take_tx_batch`] took: a [`TxChain`] with where its bytes
-/// start in the batch's buffer, in 40 bytes (offsets in 32 bits, a refused chain's error
-/// apart, in the batch).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One TX chain of a batch [`take_tx_batch`] took, with where its bytes start in the
+/// buffer the batch was copied into.
+#[derive(Debug)]
 pub struct TxSlot {
-    /// Where the chain's bytes start in the buffer the batch was copied into.
-    pub start: u32,
-    pub head: u16,
-    /// Descriptors walked, at most [`MAX_FRAME_DESCS`] + 1.
-    pub walked: u16,
-    /// The chain's bytes (virtio-net header included), all copied unless the slot has a
-    /// [`Rest`]; or, for a refused chain, where the batch keeps why ([`TxBatch::result`]).
-    pub len: Result<u32, u8>,
-    /// Where the chain's bytes past the first `copied` still lie in guest memory, for a
-    /// chain [`take_tx_batch`] copied only the start of (their room in the buffer is
-    /// left for them).
-    pub rest: Option<Rest>,
+    pub start: usize,
+    pub chain: TxChain,
 }
-
-const _: () = assert!(std::mem::size_of::<TxSlot>() <= 40, "a TX slot stays small");
 
 /// The part of a one-descriptor TX chain left in guest memory: the bytes from `copied` on,
 /// at `at`, in one region.
@@ -70,11 +59,12 @@ pub struct Rest {
     pub at: GuestAddress,
 }
 
-/// The chains one batch took: their slots, in ring order, and why each refused one was.
+/// The chains one batch took, in ring order. The worker takes its chains one by one
+/// ([`TxTake`]) and keeps none; a batch is kept whole for the tests, the fuzz targets and
+/// the benchmarks, which look at every chain after the batch.
 #[derive(Debug, Default)]
 pub struct TxBatch {
     slots: ArrayVec<TxSlot, TX_BATCH>,
-    refused: ArrayVec<ChainError, TX_BATCH>,
 }
 
 impl TxBatch {
@@ -90,63 +80,9 @@ impl TxBatch {
         self.slots.is_empty()
     }
 
-    /// What became of `slot`'s chain, a slot of this batch: its length, or why it was
-    /// refused.
-    pub fn result(&self, slot: &TxSlot) -> Result<usize, &ChainError> {
-        match slot.len {
-            Ok(n) => Ok(n as usize),
-            // Every refused slot's index was given by `push` for its own error.
-            Err(i) => Err(&self.refused[usize::from(i)]),
-        }
-    }
-
     /// Takes the last chain out of the batch.
     pub fn pop(&mut self) -> Option<TxChain> {
-        let s = self.slots.pop()?;
-        let result = match s.len {
-            Ok(n) => Ok(n as usize),
-            // A refused slot's error is the last one kept while the slot is the last.
-            Err(_) => Err(self.refused.pop()?),
-        };
-        Some(TxChain {
-            head: s.head,
-            result,
-            walked: usize::from(s.walked),
-            rest: s.rest,
-        })
-    }
-
-    fn clear(&mut self) {
-        self.slots.clear();
-        self.refused.clear();
-    }
-
-    /// Adds chain `head`, `walked` descriptors, copied at `start`: `result` its length or
-    /// why it was refused. At most [`TX_BATCH`] chains, as the ring walk takes.
-    fn push(
-        &mut self,
-        head: u16,
-        start: u32,
-        walked: u16,
-        result: Result<u32, ChainError>,
-        rest: Option<Rest>,
-    ) {
-        let len = match result {
-            Ok(n) => Ok(n),
-            Err(e) => {
-                // One error per slot at most: `refused` never holds more than `slots`.
-                let i = self.refused.len() as u8;
-                self.refused.push(e);
-                Err(i)
-            }
-        };
-        self.slots.push(TxSlot {
-            start,
-            head,
-            walked,
-            len,
-            rest,
-        });
+        self.slots.pop().map(|s| s.chain)
     }
 }
 
@@ -180,7 +116,7 @@ pub fn pop_tx_batch<M: GuestMemory>(
     limits: BatchLimits,
     out: &mut TxBatch,
 ) -> Result<(), RingError> {
-    out.clear();
+    out.slots.clear();
     let Some(ring) = SplitRing::new(q, mem) else {
         return Ok(());
     };
@@ -192,11 +128,11 @@ pub fn pop_tx_batch<M: GuestMemory>(
 /// device's: their used entries are written but the used index is not, so the driver does
 /// not see them yet. A one-descriptor chain longer than `copy_limit` bytes (virtio-net
 /// header included) has only its first `copy_limit` bytes copied, its room in `buf` left
-/// for the rest, and where the rest lies in [`TxSlot::rest`], for the caller to copy
+/// for the rest, and where the rest lies in [`TxChain::rest`], for the caller to copy
 /// straight to where the frame goes. The caller returns the chains with
 /// [`return_tx_chains`] once nothing reads them any more (several batches' together),
 /// holding the ring's lock until then, so the frontend cannot take the ring back meanwhile.
-/// Its slots are what [`TxTake::next`] gives the worker, chain by chain, kept in order.
+/// Its chains are what [`TxTake::next`] gives the worker, one by one, kept in order.
 pub fn take_tx_batch<M: GuestMemory>(
     q: &mut Queue,
     ring: &SplitRing<'_, M>,
@@ -206,20 +142,16 @@ pub fn take_tx_batch<M: GuestMemory>(
     limits: BatchLimits,
     out: &mut TxBatch,
 ) -> Result<(), RingError> {
-    out.clear();
-    // Offsets in the buffer are kept in 32 bits (`TxSlot`).
-    let buf_len = buf.len().min(u32::MAX as usize);
-    let buf = &mut buf[..buf_len];
+    out.slots.clear();
     let mut take = TxTake::start(q, ring, hdr_len, copy_limit, limits)?;
     let mut start = 0;
     while let Some(chain) = take.next(&mut buf[start..]) {
-        // Within `buf`, so within 32 bits; at most MAX_FRAME_DESCS + 1 steps.
-        let at = start as u32;
-        let result = chain.result.map(|n| {
+        let at = start;
+        if let Ok(n) = chain.result {
             start += n;
-            n as u32
-        });
-        out.push(chain.head, at, chain.walked as u16, result, chain.rest);
+        }
+        // At most TX_BATCH chains, as `TxTake` takes.
+        out.slots.push(TxSlot { start: at, chain });
     }
     take.finish(q)
 }
